@@ -1,0 +1,18 @@
+# The README's two commands. Both set up the environment first (idempotent).
+VENV ?= .venv
+.PHONY: setup run test test-slow bench
+
+setup:
+	bash scripts/setup.sh
+
+run: setup
+	$(VENV)/bin/mrtpo demo
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+test-slow: setup
+	$(VENV)/bin/python -m pytest -q -m slow
+
+bench: setup
+	$(VENV)/bin/mrtpo bench relevance
