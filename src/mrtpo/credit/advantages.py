@@ -1,0 +1,153 @@
+"""Sequence- and token-level advantages from several rewards (SPEC §1, steps 2, 3 and 6).
+
+Every function here is pure torch: no model, tokenizer or trainer. Rows are completions ordered
+group by group, ``N = num_prompts × group_size``; ``rewards`` is ``(N, K)`` with NaN where a
+reward does not apply. Callers that run on several processes pass the *global* batch (gathered
+rewards), so every process computes the same statistics.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: Added to every standard deviation before dividing (GDPO Eq. 4 and Eq. 6).
+STD_EPS = 1e-4
+
+
+def _check_rewards(rewards: Tensor, group_size: int) -> Tensor:
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be (N, K), got shape {tuple(rewards.shape)}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if rewards.shape[0] % group_size != 0:
+        raise ValueError(
+            f"N={rewards.shape[0]} rows is not a multiple of group_size={group_size}; "
+            "rows must be ordered group by group"
+        )
+    return rewards.to(torch.float64)
+
+
+def _reward_weight_vector(reward_weights, num_rewards: int, like: Tensor) -> Tensor:
+    """``(K,)`` float64 weights ω (default all 1)."""
+    if reward_weights is None:
+        return torch.ones(num_rewards, dtype=torch.float64, device=like.device)
+    weights = torch.as_tensor(reward_weights, dtype=torch.float64, device=like.device)
+    if weights.shape != (num_rewards,):
+        raise ValueError(
+            f"reward_weights must have one entry per reward ({num_rewards}), "
+            f"got shape {tuple(weights.shape)}"
+        )
+    return weights
+
+
+def _nan_mean_std(values: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """NaN-aware mean, unbiased std and valid count along ``dim`` (std is 0 below two values)."""
+    valid = ~torch.isnan(values)
+    count = valid.sum(dim=dim, keepdim=True)
+    filled = torch.where(valid, values, torch.zeros_like(values))
+    mean = filled.sum(dim=dim, keepdim=True) / count.clamp_min(1)
+    sq_dev = torch.where(valid, (values - mean) ** 2, torch.zeros_like(values))
+    var = sq_dev.sum(dim=dim, keepdim=True) / (count - 1).clamp_min(1)
+    std = torch.where(count >= 2, var.sqrt(), torch.zeros_like(var))
+    return mean, std, count
+
+
+def group_normalize(rewards: Tensor, group_size: int) -> Tensor:
+    """Per-reward group advantage ``Â[j,k]`` (GDPO Eq. 4), NaN-aware.
+
+    ``(R[j,k] − mean_j R[·,k]) / (std_j R[·,k] + 1e-4)`` within each group, unbiased std.
+    A reward with fewer than two valid values in a group, or zero spread, gets 0; NaN entries
+    (not applicable) get 0. Input ``(N, K)``, output ``(N, K)`` float64.
+    """
+    rewards = _check_rewards(rewards, group_size)
+    n, k = rewards.shape
+    grouped = rewards.view(n // group_size, group_size, k)
+    mean, std, count = _nan_mean_std(grouped, dim=1)
+    adv = (grouped - mean) / (std + STD_EPS)
+    informative = (count >= 2) & (std > 0)
+    adv = torch.where(informative & ~torch.isnan(grouped), adv, torch.zeros_like(adv))
+    return adv.view(n, k)
+
+
+def weighted_reward_sum(group_adv: Tensor, reward_weights=None) -> Tensor:
+    """``S[j] = Σ_k ω_k Â[j,k]`` with NaN treated as 0. ``(N, K)`` → ``(N,)``."""
+    weights = _reward_weight_vector(reward_weights, group_adv.shape[1], group_adv)
+    return torch.nan_to_num(group_adv.to(torch.float64), nan=0.0) @ weights
+
+
+def batch_statistics(scores: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and unbiased std of ``S`` over the whole (global) batch; std is 0 below two rows."""
+    mean, std, _ = _nan_mean_std(scores.to(torch.float64).view(-1), dim=0)
+    return mean.view(()), std.view(())
+
+
+def gdpo_advantages(
+    rewards: Tensor,
+    group_size: int,
+    reward_weights=None,
+    batch_norm: bool = True,
+    batch_stats: tuple[Tensor | float, Tensor | float] | None = None,
+) -> Tensor:
+    """GDPO sequence advantages ``(N,)``: per-reward group-normalise, weight, sum, batch-normalise.
+
+    ``batch_stats`` overrides ``(μ, σ)`` of step 3 (e.g. gathered from other processes); by
+    default they come from ``rewards`` itself, which should then be the global batch.
+    """
+    scores = weighted_reward_sum(group_normalize(rewards, group_size), reward_weights)
+    if not batch_norm:
+        return scores.to(torch.float32)
+    mean, std = batch_stats if batch_stats is not None else batch_statistics(scores)
+    return ((scores - mean) / (std + STD_EPS)).to(torch.float32)
+
+
+def grpo_advantages(rewards: Tensor, group_size: int, reward_weights=None) -> Tensor:
+    """Multi-reward GRPO baseline ``(N,)``: weighted sum of rewards (NaN → 0), then group-normalise."""
+    rewards = _check_rewards(rewards, group_size)
+    weights = _reward_weight_vector(reward_weights, rewards.shape[1], rewards)
+    total = torch.nan_to_num(rewards, nan=0.0) @ weights
+    return group_normalize(total.unsqueeze(1), group_size).squeeze(1).to(torch.float32)
+
+
+def token_advantages(
+    rewards: Tensor,
+    group_size: int,
+    weights: Tensor,
+    mask: Tensor,
+    reward_weights=None,
+    batch_norm: bool = True,
+    batch_stats: tuple[Tensor | float, Tensor | float] | None = None,
+) -> Tensor:
+    """Per-token advantages ``A[j,t]`` (SPEC §1 step 6), ``(N, T)`` float32, 0 where ``mask`` is 0.
+
+    ``A[j,t] = (Σ_k ω_k Â[j,k] w[j,k,t] − μ) / (σ + 1e-4)`` with ``μ, σ`` the batch statistics
+    of the sequence scores ``S[j] = Σ_k ω_k Â[j,k]``. ``weights`` is ``(N, K, T)`` (1 where a
+    reward has no evidence); ``mask`` is ``(N, T)`` with 1 on completion tokens. With
+    ``batch_norm=False`` the numerator is returned unnormalised.
+    """
+    group_adv = group_normalize(rewards, group_size)
+    n, k = group_adv.shape
+    if weights.dim() != 3 or weights.shape[:2] != (n, k):
+        raise ValueError(f"weights must be (N={n}, K={k}, T), got shape {tuple(weights.shape)}")
+    if mask.shape != (n, weights.shape[2]):
+        raise ValueError(
+            f"mask must be (N={n}, T={weights.shape[2]}), got shape {tuple(mask.shape)}"
+        )
+    omega = _reward_weight_vector(reward_weights, k, group_adv)
+    coeff = torch.nan_to_num(group_adv, nan=0.0) * omega  # (N, K)
+    numerator = torch.einsum("nk,nkt->nt", coeff, weights.to(torch.float64))
+    if batch_norm:
+        mean, std = batch_stats if batch_stats is not None else batch_statistics(coeff.sum(1))
+        numerator = (numerator - mean) / (std + STD_EPS)
+    return (numerator * mask.to(torch.float64)).to(torch.float32)
+
+
+__all__ = [
+    "STD_EPS",
+    "batch_statistics",
+    "gdpo_advantages",
+    "group_normalize",
+    "grpo_advantages",
+    "token_advantages",
+    "weighted_reward_sum",
+]

@@ -1,0 +1,169 @@
+"""The credit methods of SPEC §1, side by side, behind one registry.
+
+Each method declares which relevance it *needs* (none, one map per reward, one joint map, or the
+policy's entropy) so the trainer runs exactly those replays and never branches on method names:
+
+    method = get_method(config.method)
+    if method.needs == "per_reward": ...  # run the 1 + K_e replay forwards
+    advantages = method(batch, credit_config)   # (N, T)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mrtpo.credit.advantages import gdpo_advantages, grpo_advantages, token_advantages
+from mrtpo.credit.weights import relevance_weights
+
+NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy")
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    """Knobs shared by all methods."""
+
+    lam: float = 1.0  # interpolation uniform (0) → proportional to relevance (1)
+    w_max: float | None = None  # cap on one token's weight, then renormalise (None: no cap)
+    batch_norm: bool = True  # GDPO step 3: normalise sequence scores over the global batch
+    reward_weights: Sequence[float] | None = None  # ω_k, default all 1
+
+
+@dataclass
+class CreditBatch:
+    """What a method may consume. Shapes: N completions, K rewards, T completion positions."""
+
+    rewards: Tensor  # (N, K), NaN = not applicable; rows ordered group by group
+    group_size: int
+    mask: Tensor  # (N, T), 1 on completion tokens
+    relevance: Tensor | None = None  # (N, K, T) per-reward relevance (method needs "per_reward")
+    has_evidence: Tensor | Sequence[bool] | None = None  # (K,) which rewards have a replay
+    joint_relevance: Tensor | None = None  # (N, T) all evidence at once (needs "joint")
+    entropy: Tensor | None = None  # (N, T) the policy's own entropy (needs "entropy")
+
+
+@dataclass(frozen=True)
+class CreditMethod:
+    """A named advantage estimator: ``method(batch, config) -> (N, T)`` advantages."""
+
+    name: str
+    needs: str
+    description: str
+    fn: Callable[[CreditBatch, CreditConfig], Tensor]
+
+    def __call__(self, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
+        return self.fn(batch, config or CreditConfig())
+
+
+_METHODS: dict[str, CreditMethod] = {}
+
+
+def register_method(name: str, needs: str, description: str):
+    """Decorator: register ``fn(batch, config) -> (N, T)`` under ``name``."""
+    if needs not in NEEDS:
+        raise ValueError(f"needs must be one of {NEEDS}, got {needs!r}")
+
+    def wrap(fn: Callable[[CreditBatch, CreditConfig], Tensor]):
+        if name in _METHODS:
+            raise ValueError(f"credit method {name!r} is already registered")
+        _METHODS[name] = CreditMethod(name, needs, description, fn)
+        return fn
+
+    return wrap
+
+
+def get_method(name: str) -> CreditMethod:
+    """The method registered under ``name``; an unknown name lists the available ones."""
+    try:
+        return _METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown credit method {name!r}; available: {', '.join(available_methods())}") from None
+
+
+def available_methods() -> list[str]:
+    return list(_METHODS)
+
+
+def compute_advantages(method: str, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
+    """Shortcut for ``get_method(method)(batch, config)``: ``(N, T)`` float32 advantages."""
+    return get_method(method)(batch, config)
+
+
+def _require(value: Tensor | None, what: str, method: str) -> Tensor:
+    if value is None:
+        raise ValueError(f"credit method {method!r} needs {what}, which the batch does not carry")
+    return value
+
+
+def _broadcast_sequence(adv: Tensor, mask: Tensor) -> Tensor:
+    return adv.unsqueeze(1) * mask.to(adv.dtype)
+
+
+def _uniform_weights(batch: CreditBatch) -> Tensor:
+    n, k = batch.rewards.shape
+    return batch.mask.to(torch.float32).unsqueeze(1).expand(n, k, batch.mask.shape[1])
+
+
+def _shared_map_advantages(batch: CreditBatch, config: CreditConfig, token_map: Tensor) -> Tensor:
+    """One weight map for every reward (contrast, entropy): step 6 with ``w[k] = w`` for all k."""
+    weights = relevance_weights(token_map, batch.mask, config.lam, config.w_max)
+    n, k = batch.rewards.shape
+    return token_advantages(
+        batch.rewards, batch.group_size, weights.unsqueeze(1).expand(n, k, weights.shape[1]),
+        batch.mask, config.reward_weights, config.batch_norm,
+    )
+
+
+@register_method("grpo", needs="none", description="sum rewards, group-normalise; uniform over tokens")
+def _grpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    adv = grpo_advantages(batch.rewards, batch.group_size, config.reward_weights)
+    return _broadcast_sequence(adv, batch.mask)
+
+
+@register_method("gdpo", needs="none", description="per-reward normalise, sum, batch-normalise; uniform")
+def _gdpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    adv = gdpo_advantages(batch.rewards, batch.group_size, config.reward_weights, config.batch_norm)
+    return _broadcast_sequence(adv, batch.mask)
+
+
+@register_method("mrtpo", needs="per_reward", description="GDPO, each reward's advantage on its own JS map")
+def _mrtpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    n, k = batch.rewards.shape
+    relevance = _require(batch.relevance, "per-reward relevance (N, K, T)", "mrtpo")
+    if relevance.shape != (n, k, batch.mask.shape[1]):
+        raise ValueError(f"relevance must be (N={n}, K={k}, T={batch.mask.shape[1]}), got {tuple(relevance.shape)}")
+    has_evidence = torch.ones(k, dtype=torch.bool) if batch.has_evidence is None else torch.as_tensor(batch.has_evidence, dtype=torch.bool)
+    weights = _uniform_weights(batch).clone()
+    for j in range(k):
+        if has_evidence[j]:
+            weights[:, j] = relevance_weights(relevance[:, j], batch.mask, config.lam, config.w_max)
+    return token_advantages(
+        batch.rewards, batch.group_size, weights, batch.mask, config.reward_weights, config.batch_norm
+    )
+
+
+@register_method("contrast", needs="joint", description="GDPO on one map from a replay with all evidence at once")
+def _contrast(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    joint = _require(batch.joint_relevance, "joint relevance (N, T)", "contrast")
+    return _shared_map_advantages(batch, config, joint)
+
+
+@register_method("entropy", needs="entropy", description="GDPO on one map from the policy's own entropy")
+def _entropy(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    ent = _require(batch.entropy, "the policy's per-token entropy (N, T)", "entropy")
+    return _shared_map_advantages(batch, config, ent)
+
+
+__all__ = [
+    "NEEDS",
+    "CreditBatch",
+    "CreditConfig",
+    "CreditMethod",
+    "available_methods",
+    "compute_advantages",
+    "get_method",
+    "register_method",
+]

@@ -1,0 +1,250 @@
+"""Per-token relevance between two next-token distributions (SPEC §1, step 4).
+
+The replay teacher-forces the same completion under two contexts (with and without a reward's
+evidence) and hands the two ``(B, T, V)`` logit tensors here. All math is fp32 in log space and
+chunked over positions, so the extra memory is ``O(chunk_size × V)``, never ``O(B × T × V)``;
+masked positions are skipped entirely (and reported as 0).
+
+Variants (the ablation switch ``relevance``):
+
+- ``js``: Jensen-Shannon *distance* ``sqrt(JSD)``, natural log, in ``[0, sqrt(ln 2)]`` (default);
+- ``kl``: ``KL(p_with ‖ p_without)``, unbounded;
+- ``logratio``: ``|log p_with(y_t) − log p_without(y_t)|`` of the sampled token only.
+
+An optional top-k approximation of the JS sum keeps the ``k`` most probable tokens of the
+mixture and lumps the remaining mass of each distribution into one bucket; by the data
+processing inequality it never exceeds the exact value and equals it when the tail is empty.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+LN2 = math.log(2.0)
+#: Upper bound of the natural-log JS distance.
+JS_DISTANCE_MAX = math.sqrt(LN2)
+DEFAULT_CHUNK_SIZE = 256
+# Log-probabilities are floored here so that -inf logits (masked vocabulary) never produce
+# NaN through (-inf) - (-inf); exp(-1e4) is exactly 0 in fp32, so no probability changes.
+_LOGP_FLOOR = -1e4
+
+
+def _check_pair(logits_p: Tensor, logits_q: Tensor, mask: Tensor | None) -> Tensor:
+    if logits_p.shape != logits_q.shape or logits_p.dim() != 3:
+        raise ValueError(
+            "logits must be two (B, T, V) tensors of the same shape, got "
+            f"{tuple(logits_p.shape)} and {tuple(logits_q.shape)}"
+        )
+    b, t, _ = logits_p.shape
+    if mask is None:
+        return torch.ones(b, t, dtype=torch.bool, device=logits_p.device)
+    if mask.shape != (b, t):
+        raise ValueError(f"mask must be (B={b}, T={t}), got {tuple(mask.shape)}")
+    return mask.to(torch.bool)
+
+
+def _log_probs(logits: Tensor, temperature: float) -> Tensor:
+    logp = F.log_softmax(logits.to(torch.float32) / temperature, dim=-1)
+    return logp.clamp_min(_LOGP_FLOOR)
+
+
+def _js_rows(logp: Tensor, logq: Tensor) -> Tensor:
+    """JSD of each row of two ``(n, V)`` log-prob tensors, written so that ``p == q`` gives 0 exactly.
+
+    With ``δ = log q − log p``: ``log p − log m = ln 2 − softplus(δ)`` and
+    ``log q − log m = ln 2 − softplus(−δ)``, so no cancellation happens for identical rows.
+    """
+    delta = logq - logp
+    term_p = logp.exp() * (LN2 - F.softplus(delta))
+    term_q = logq.exp() * (LN2 - F.softplus(-delta))
+    return (0.5 * (term_p + term_q).sum(-1)).clamp_min(0.0)
+
+
+def _topk_buckets(logp: Tensor, logq: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
+    """Coarsen two ``(n, V)`` log-distributions to the mixture's top-k tokens plus a tail bucket."""
+    mixture = torch.logaddexp(logp, logq)
+    k = min(top_k, logp.shape[-1])
+    idx = mixture.topk(k, dim=-1).indices
+    head_p, head_q = logp.gather(-1, idx), logq.gather(-1, idx)
+
+    def with_tail(head: Tensor) -> Tensor:
+        tail_mass = (1.0 - head.exp().sum(-1, keepdim=True)).clamp_min(0.0)
+        return torch.cat([head, tail_mass.log().clamp_min(_LOGP_FLOOR)], dim=-1)
+
+    return with_tail(head_p), with_tail(head_q)
+
+
+def _chunked_positions(
+    row_fn: Callable[[Tensor, Tensor, Tensor], Tensor],
+    logits_p: Tensor,
+    logits_q: Tensor,
+    mask: Tensor,
+    chunk_size: int,
+    extra: Tensor | None = None,
+) -> Tensor:
+    """Apply ``row_fn(p_rows, q_rows, extra_rows) -> (n,)`` over valid positions, chunk by chunk."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    b, t, v = logits_p.shape
+    out = torch.zeros(b * t, dtype=torch.float32, device=logits_p.device)
+    positions = mask.reshape(-1).nonzero(as_tuple=True)[0]
+    flat_p, flat_q = logits_p.reshape(b * t, v), logits_q.reshape(b * t, v)
+    flat_extra = extra.reshape(b * t) if extra is not None else None
+    for start in range(0, positions.numel(), chunk_size):
+        rows = positions[start : start + chunk_size]
+        extra_rows = flat_extra[rows] if flat_extra is not None else None
+        out[rows] = row_fn(flat_p[rows], flat_q[rows], extra_rows)
+    return out.view(b, t)
+
+
+def js_divergence(
+    logits_p: Tensor,
+    logits_q: Tensor,
+    mask: Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+) -> Tensor:
+    """Per-position Jensen-Shannon divergence (nats) of ``softmax(logits / temperature)``.
+
+    ``logits_p``, ``logits_q``: ``(B, T, V)``; ``mask``: ``(B, T)`` (1 = score this position).
+    Returns ``(B, T)`` float32 in ``[0, ln 2]``, 0 where masked.
+    """
+    valid = _check_pair(logits_p, logits_q, mask)
+
+    def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
+        logp, logq = _log_probs(p, temperature), _log_probs(q, temperature)
+        if top_k is not None:
+            logp, logq = _topk_buckets(logp, logq, top_k)
+        return _js_rows(logp, logq)
+
+    return _chunked_positions(rows, logits_p, logits_q, valid, chunk_size)
+
+
+def js_distance(
+    logits_p: Tensor,
+    logits_q: Tensor,
+    mask: Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+) -> Tensor:
+    """Per-position Jensen-Shannon distance ``sqrt(JSD)`` ``(B, T)``, in ``[0, sqrt(ln 2)]``.
+
+    See :func:`js_divergence` for the arguments; ``top_k`` switches to the tail-bucket
+    approximation (a lower bound of the exact distance).
+    """
+    jsd = js_divergence(logits_p, logits_q, mask, chunk_size, temperature, top_k)
+    return jsd.sqrt().clamp(max=JS_DISTANCE_MAX)
+
+
+def kl_divergence(
+    logits_p: Tensor,
+    logits_q: Tensor,
+    mask: Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Per-position ``KL(p ‖ q)`` in nats ``(B, T)``; ``p`` is the with-evidence distribution."""
+    valid = _check_pair(logits_p, logits_q, mask)
+
+    def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
+        logp, logq = _log_probs(p, temperature), _log_probs(q, temperature)
+        return (logp.exp() * (logp - logq)).sum(-1).clamp_min(0.0)
+
+    return _chunked_positions(rows, logits_p, logits_q, valid, chunk_size)
+
+
+def log_ratio(
+    logits_p: Tensor,
+    logits_q: Tensor,
+    token_ids: Tensor,
+    mask: Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+) -> Tensor:
+    """``|log p(y_t) − log q(y_t)|`` of the sampled tokens ``token_ids`` ``(B, T)``.
+
+    Only the sampled token's probability is compared: cheaper to ship (two log-prob vectors,
+    no distributions) but blind to changes elsewhere in the distribution.
+    """
+    valid = _check_pair(logits_p, logits_q, mask)
+    if token_ids.shape != valid.shape:
+        raise ValueError(f"token_ids must be {tuple(valid.shape)}, got {tuple(token_ids.shape)}")
+
+    def rows(p: Tensor, q: Tensor, ids: Tensor | None) -> Tensor:
+        logp, logq = _log_probs(p, temperature), _log_probs(q, temperature)
+        ids = ids.unsqueeze(-1)
+        return (logp.gather(-1, ids) - logq.gather(-1, ids)).abs().squeeze(-1)
+
+    return _chunked_positions(rows, logits_p, logits_q, valid, chunk_size, extra=token_ids)
+
+
+def log_ratio_from_logprobs(logprobs_p: Tensor, logprobs_q: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``|log p(y_t) − log q(y_t)|`` from per-token log-probs ``(B, T)`` (e.g. a fused log-prob head)."""
+    diff = (logprobs_p.to(torch.float32) - logprobs_q.to(torch.float32)).abs()
+    return diff if mask is None else diff * mask.to(torch.float32)
+
+
+def entropy(
+    logits: Tensor,
+    mask: Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Per-position entropy (nats) of ``softmax(logits / temperature)`` ``(B, T)``, 0 where masked."""
+    valid = _check_pair(logits, logits, mask)
+
+    def rows(p: Tensor, _q: Tensor, _e: Tensor | None) -> Tensor:
+        logp = _log_probs(p, temperature)
+        return (-(logp.exp() * logp).sum(-1)).clamp_min(0.0)
+
+    return _chunked_positions(rows, logits, logits, valid, chunk_size)
+
+
+RelevanceFn = Callable[..., Tensor]
+
+
+def relevance(
+    kind: str,
+    logits_with: Tensor,
+    logits_without: Tensor,
+    token_ids: Tensor | None = None,
+    mask: Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+) -> Tensor:
+    """Relevance ``(B, T)`` of one reward's evidence under the chosen ``kind`` (js / kl / logratio)."""
+    if kind == "js":
+        return js_distance(logits_with, logits_without, mask, chunk_size, temperature, top_k)
+    if top_k is not None:
+        raise ValueError(f"top_k approximates the JS sum only; it has no meaning for {kind!r}")
+    if kind == "kl":
+        return kl_divergence(logits_with, logits_without, mask, chunk_size, temperature)
+    if kind == "logratio":
+        if token_ids is None:
+            raise ValueError("relevance 'logratio' needs the sampled token_ids")
+        return log_ratio(logits_with, logits_without, token_ids, mask, chunk_size, temperature)
+    raise ValueError(f"unknown relevance {kind!r}; choose one of {RELEVANCE_KINDS}")
+
+
+RELEVANCE_KINDS: tuple[str, ...] = ("js", "kl", "logratio")
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "JS_DISTANCE_MAX",
+    "RELEVANCE_KINDS",
+    "entropy",
+    "js_distance",
+    "js_divergence",
+    "kl_divergence",
+    "log_ratio",
+    "log_ratio_from_logprobs",
+    "relevance",
+]

@@ -1,0 +1,138 @@
+"""The method registry and SPEC §1's invariants across methods."""
+
+import pytest
+import torch
+
+from mrtpo.credit import (
+    CreditBatch,
+    CreditConfig,
+    available_methods,
+    compute_advantages,
+    gdpo_advantages,
+    get_method,
+    grpo_advantages,
+    register_method,
+    token_advantages,
+)
+
+
+def make_batch(n_prompts=3, group=4, k=3, t=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 3, (n_prompts * group, k), generator=gen).float()
+    lengths = torch.randint(1, t + 1, (n_prompts * group,), generator=gen)
+    mask = (torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    return CreditBatch(
+        rewards=rewards,
+        group_size=group,
+        mask=mask,
+        relevance=torch.rand(n_prompts * group, k, t, generator=gen),
+        has_evidence=[True] * k,
+        joint_relevance=torch.rand(n_prompts * group, t, generator=gen),
+        entropy=torch.rand(n_prompts * group, t, generator=gen) * 3,
+    )
+
+
+def masked_mean(adv, mask):
+    return (adv * mask).sum(1) / mask.sum(1)
+
+
+def test_registry_has_the_spec_methods_with_their_needs():
+    assert {"grpo", "gdpo", "mrtpo", "contrast", "entropy"} <= set(available_methods())
+    needs = {name: get_method(name).needs for name in ("grpo", "gdpo", "mrtpo", "contrast", "entropy")}
+    assert needs == {"grpo": "none", "gdpo": "none", "mrtpo": "per_reward", "contrast": "joint", "entropy": "entropy"}
+
+
+def test_grpo_and_gdpo_are_uniform_over_tokens():
+    batch = make_batch()
+    grpo = compute_advantages("grpo", batch)
+    gdpo = compute_advantages("gdpo", batch)
+    torch.testing.assert_close(grpo, grpo_advantages(batch.rewards, 4).unsqueeze(1) * batch.mask)
+    torch.testing.assert_close(gdpo, gdpo_advantages(batch.rewards, 4).unsqueeze(1) * batch.mask)
+
+
+def test_uniform_weights_reproduce_gdpo_at_every_token():
+    batch = make_batch()
+    batch.relevance = torch.zeros_like(batch.relevance)  # no relevance ⇒ uniform fallback
+    adv = compute_advantages("mrtpo", batch)
+    expected = gdpo_advantages(batch.rewards, 4).unsqueeze(1) * batch.mask
+    torch.testing.assert_close(adv, expected)
+    ones = token_advantages(batch.rewards, 4, torch.ones(12, 3, 6), batch.mask)
+    torch.testing.assert_close(ones, expected)
+
+
+@pytest.mark.parametrize("method", ["mrtpo", "contrast", "entropy"])
+def test_mean_over_tokens_equals_gdpo(method):
+    batch = make_batch(seed=3)
+    adv = compute_advantages(method, batch, CreditConfig(lam=1.0))
+    gdpo = gdpo_advantages(batch.rewards, 4)
+    torch.testing.assert_close(masked_mean(adv, batch.mask), gdpo, atol=1e-5, rtol=1e-5)
+
+
+def test_mean_over_tokens_holds_with_cap_and_lambda():
+    batch = make_batch(seed=4)
+    adv = compute_advantages("mrtpo", batch, CreditConfig(lam=0.7, w_max=2.0))
+    torch.testing.assert_close(masked_mean(adv, batch.mask), gdpo_advantages(batch.rewards, 4), atol=1e-5, rtol=1e-5)
+
+
+def test_rewards_without_evidence_stay_uniform():
+    batch = make_batch(seed=5)
+    batch.has_evidence = [True, False, False]
+    adv = compute_advantages("mrtpo", batch)
+    # Changing the relevance of a reward without evidence changes nothing.
+    batch.relevance[:, 1:] = torch.rand_like(batch.relevance[:, 1:]) * 100
+    torch.testing.assert_close(compute_advantages("mrtpo", batch), adv)
+    # Changing the relevance of the reward with evidence does (where it has a nonzero advantage).
+    batch.relevance[:, 0] = torch.rand_like(batch.relevance[:, 0])
+    assert not torch.allclose(compute_advantages("mrtpo", batch), adv)
+
+
+def test_mrtpo_moves_credit_to_the_relevant_token():
+    # One group of 2, one reward: completion 1 wins. All relevance on token 2 of each completion.
+    rewards = torch.tensor([[0.0], [1.0]])
+    mask = torch.ones(2, 4)
+    relevance = torch.zeros(2, 1, 4)
+    relevance[:, 0, 2] = 0.3
+    adv = compute_advantages("mrtpo", CreditBatch(rewards, 2, mask, relevance=relevance))
+    gdpo = gdpo_advantages(rewards, 2)
+    torch.testing.assert_close(adv[:, 2], 4 * gdpo)  # weight 4 on the one relevant token …
+    torch.testing.assert_close(adv[:, [0, 1, 3]], torch.zeros(2, 3))  # … μ = 0, so 0 elsewhere
+
+
+def test_reward_order_does_not_change_mrtpo():
+    batch = make_batch(seed=6)
+    perm = [2, 0, 1]
+    permuted = CreditBatch(
+        batch.rewards[:, perm], batch.group_size, batch.mask, relevance=batch.relevance[:, perm],
+        has_evidence=[batch.has_evidence[i] for i in perm],
+    )
+    config = CreditConfig(reward_weights=[1.0, 2.0, 0.5])
+    permuted_config = CreditConfig(reward_weights=[0.5, 1.0, 2.0])
+    torch.testing.assert_close(
+        compute_advantages("mrtpo", permuted, permuted_config), compute_advantages("mrtpo", batch, config),
+        atol=1e-6, rtol=1e-6,
+    )
+
+
+def test_group_order_does_not_change_results():
+    batch = make_batch(seed=7)
+    order = torch.tensor([8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6, 7])  # groups 3, 1, 2
+    shuffled = CreditBatch(
+        batch.rewards[order], 4, batch.mask[order], relevance=batch.relevance[order],
+        joint_relevance=batch.joint_relevance[order], entropy=batch.entropy[order],
+    )
+    for method in ("grpo", "gdpo", "mrtpo", "contrast", "entropy"):
+        torch.testing.assert_close(
+            compute_advantages(method, shuffled), compute_advantages(method, batch)[order], atol=1e-6, rtol=1e-6
+        )
+
+
+def test_missing_inputs_and_unknown_method_are_clear_errors():
+    batch = make_batch()
+    with pytest.raises(KeyError, match="unknown credit method 'gspo'.*mrtpo"):
+        get_method("gspo")
+    with pytest.raises(ValueError, match="contrast.*joint relevance"):
+        compute_advantages("contrast", CreditBatch(batch.rewards, 4, batch.mask))
+    with pytest.raises(ValueError, match="mrtpo.*per-reward relevance"):
+        compute_advantages("mrtpo", CreditBatch(batch.rewards, 4, batch.mask))
+    with pytest.raises(ValueError, match="already registered"):
+        register_method("gdpo", "none", "duplicate")(lambda b, c: b.mask)
