@@ -155,3 +155,15 @@ def test_relevance_dispatch_and_errors():
         js_distance(logits_p, torch.randn(1, 3, 8))
     with pytest.raises(ValueError, match="chunk_size"):
         js_distance(logits_p, logits_q, chunk_size=0)
+
+
+def test_auto_chunk_size_keeps_one_buffer_under_the_budget():
+    from mrtpo.credit import DEFAULT_CHUNK_BYTES, auto_chunk_size
+
+    for vocab in (7, 49_152, 151_936, 10**9):
+        chunk = auto_chunk_size(vocab)
+        assert chunk >= 1
+        assert chunk == 1 or chunk * vocab * 4 <= DEFAULT_CHUNK_BYTES
+    assert auto_chunk_size(151_936) == 27
+    logits_p, logits_q = torch.randn(2, 40, 33), torch.randn(2, 40, 33)
+    torch.testing.assert_close(js_distance(logits_p, logits_q), js_distance(logits_p, logits_q, chunk_size=5))

@@ -23,7 +23,9 @@ from mrtpo.credit.methods import (
     register_method,
 )
 from mrtpo.credit.relevance import (
+    DEFAULT_CHUNK_BYTES,
     DEFAULT_CHUNK_SIZE,
+    auto_chunk_size,
     JS_DISTANCE_MAX,
     RELEVANCE_KINDS,
     entropy,
@@ -37,7 +39,9 @@ from mrtpo.credit.relevance import (
 from mrtpo.credit.weights import MIN_MEAN_RELEVANCE, relevance_weights
 
 __all__ = [
+    "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CHUNK_SIZE",
+    "auto_chunk_size",
     "JS_DISTANCE_MAX",
     "MIN_MEAN_RELEVANCE",
     "NEEDS",

@@ -28,7 +28,17 @@ from torch import Tensor
 LN2 = math.log(2.0)
 #: Upper bound of the natural-log JS distance.
 JS_DISTANCE_MAX = math.sqrt(LN2)
-DEFAULT_CHUNK_SIZE = 256
+#: ``chunk_size=None`` picks as many positions per chunk as fit one fp32 ``(chunk, V)`` buffer in
+#: this many bytes. Measured here: buffers under glibc's 32 MiB mmap threshold are reused from the
+#: heap, larger ones are page-faulted afresh on every chunk, which made chunk 256 at V = 152k
+#: ~8× slower than chunk 32 (see ``mrtpo bench relevance``).
+DEFAULT_CHUNK_BYTES = 16 * 2**20
+DEFAULT_CHUNK_SIZE = None
+
+
+def auto_chunk_size(vocab_size: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Positions per chunk so that one fp32 ``(chunk, vocab_size)`` buffer fits ``chunk_bytes``."""
+    return max(1, chunk_bytes // (4 * max(1, vocab_size)))
 # Log-probabilities are floored here so that -inf logits (masked vocabulary) never produce
 # NaN through (-inf) - (-inf); exp(-1e4) is exactly 0 in fp32, so no probability changes.
 _LOGP_FLOOR = -1e4
@@ -48,21 +58,38 @@ def _check_pair(logits_p: Tensor, logits_q: Tensor, mask: Tensor | None) -> Tens
     return mask.to(torch.bool)
 
 
+def _log_probs_and_probs(logits: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """fp32 ``(log p, p)`` of ``softmax(logits / temperature)`` over the last axis, one exp per entry.
+
+    ``logits`` must be a tensor this module owns (a chunk copy): fp32 input is modified in place.
+    """
+    x = logits.to(torch.float32)
+    if temperature != 1.0:
+        x.div_(temperature)
+    x.sub_(x.amax(-1, keepdim=True))
+    probs = x.exp()
+    total = probs.sum(-1, keepdim=True)
+    probs.div_(total)
+    logp = x.sub_(total.log()).clamp_min_(_LOGP_FLOOR)
+    return logp, probs
+
+
 def _log_probs(logits: Tensor, temperature: float) -> Tensor:
-    logp = F.log_softmax(logits.to(torch.float32) / temperature, dim=-1)
-    return logp.clamp_min(_LOGP_FLOOR)
+    return _log_probs_and_probs(logits, temperature)[0]
 
 
-def _js_rows(logp: Tensor, logq: Tensor) -> Tensor:
-    """JSD of each row of two ``(n, V)`` log-prob tensors, written so that ``p == q`` gives 0 exactly.
+def _js_rows(logp: Tensor, probs_p: Tensor, logq: Tensor, probs_q: Tensor) -> Tensor:
+    """JSD of each row of two ``(n, V)`` distributions, written so that ``p == q`` gives 0 exactly.
 
     With ``δ = log q − log p``: ``log p − log m = ln 2 − softplus(δ)`` and
-    ``log q − log m = ln 2 − softplus(−δ)``, so no cancellation happens for identical rows.
+    ``log q − log m = ln 2 − softplus(−δ)``. Each term keeps its own softplus: merging them via
+    ``softplus(−δ) = softplus(δ) − δ`` cancels large numbers where one probability is ~0.
+    The probability buffers are reused in place.
     """
     delta = logq - logp
-    term_p = logp.exp() * (LN2 - F.softplus(delta))
-    term_q = logq.exp() * (LN2 - F.softplus(-delta))
-    return (0.5 * (term_p + term_q).sum(-1)).clamp_min(0.0)
+    term_p = probs_p.mul_(F.softplus(delta).neg_().add_(LN2))
+    term_q = probs_q.mul_(F.softplus(delta.neg_()).neg_().add_(LN2))
+    return (0.5 * term_p.add_(term_q).sum(-1)).clamp_min(0.0)
 
 
 def _topk_buckets(logp: Tensor, logq: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
@@ -84,13 +111,15 @@ def _chunked_positions(
     logits_p: Tensor,
     logits_q: Tensor,
     mask: Tensor,
-    chunk_size: int,
+    chunk_size: int | None,
     extra: Tensor | None = None,
 ) -> Tensor:
     """Apply ``row_fn(p_rows, q_rows, extra_rows) -> (n,)`` over valid positions, chunk by chunk."""
+    b, t, v = logits_p.shape
+    if chunk_size is None:
+        chunk_size = auto_chunk_size(v)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    b, t, v = logits_p.shape
     out = torch.zeros(b * t, dtype=torch.float32, device=logits_p.device)
     positions = mask.reshape(-1).nonzero(as_tuple=True)[0]
     flat_p, flat_q = logits_p.reshape(b * t, v), logits_q.reshape(b * t, v)
@@ -106,22 +135,25 @@ def js_divergence(
     logits_p: Tensor,
     logits_q: Tensor,
     mask: Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int | None = None,
 ) -> Tensor:
     """Per-position Jensen-Shannon divergence (nats) of ``softmax(logits / temperature)``.
 
     ``logits_p``, ``logits_q``: ``(B, T, V)``; ``mask``: ``(B, T)`` (1 = score this position).
-    Returns ``(B, T)`` float32 in ``[0, ln 2]``, 0 where masked.
+    ``chunk_size``: positions per chunk (None: :func:`auto_chunk_size`). Returns ``(B, T)``
+    float32 in ``[0, ln 2]``, 0 where masked.
     """
     valid = _check_pair(logits_p, logits_q, mask)
 
     def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
-        logp, logq = _log_probs(p, temperature), _log_probs(q, temperature)
+        logp, probs_p = _log_probs_and_probs(p, temperature)
+        logq, probs_q = _log_probs_and_probs(q, temperature)
         if top_k is not None:
             logp, logq = _topk_buckets(logp, logq, top_k)
-        return _js_rows(logp, logq)
+            probs_p, probs_q = logp.exp(), logq.exp()
+        return _js_rows(logp, probs_p, logq, probs_q)
 
     return _chunked_positions(rows, logits_p, logits_q, valid, chunk_size)
 
@@ -130,7 +162,7 @@ def js_distance(
     logits_p: Tensor,
     logits_q: Tensor,
     mask: Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int | None = None,
 ) -> Tensor:
@@ -147,15 +179,15 @@ def kl_divergence(
     logits_p: Tensor,
     logits_q: Tensor,
     mask: Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
 ) -> Tensor:
     """Per-position ``KL(p ‖ q)`` in nats ``(B, T)``; ``p`` is the with-evidence distribution."""
     valid = _check_pair(logits_p, logits_q, mask)
 
     def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
-        logp, logq = _log_probs(p, temperature), _log_probs(q, temperature)
-        return (logp.exp() * (logp - logq)).sum(-1).clamp_min(0.0)
+        logp, probs = _log_probs_and_probs(p, temperature)
+        return probs.mul_(logp.sub_(_log_probs(q, temperature))).sum(-1).clamp_min(0.0)
 
     return _chunked_positions(rows, logits_p, logits_q, valid, chunk_size)
 
@@ -165,7 +197,7 @@ def log_ratio(
     logits_q: Tensor,
     token_ids: Tensor,
     mask: Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
 ) -> Tensor:
     """``|log p(y_t) − log q(y_t)|`` of the sampled tokens ``token_ids`` ``(B, T)``.
@@ -194,15 +226,15 @@ def log_ratio_from_logprobs(logprobs_p: Tensor, logprobs_q: Tensor, mask: Tensor
 def entropy(
     logits: Tensor,
     mask: Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
 ) -> Tensor:
     """Per-position entropy (nats) of ``softmax(logits / temperature)`` ``(B, T)``, 0 where masked."""
     valid = _check_pair(logits, logits, mask)
 
     def rows(p: Tensor, _q: Tensor, _e: Tensor | None) -> Tensor:
-        logp = _log_probs(p, temperature)
-        return (-(logp.exp() * logp).sum(-1)).clamp_min(0.0)
+        logp, probs = _log_probs_and_probs(p, temperature)
+        return (-(probs.mul_(logp)).sum(-1)).clamp_min(0.0)
 
     return _chunked_positions(rows, logits, logits, valid, chunk_size)
 
@@ -216,7 +248,7 @@ def relevance(
     logits_without: Tensor,
     token_ids: Tensor | None = None,
     mask: Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
     top_k: int | None = None,
 ) -> Tensor:
@@ -237,7 +269,9 @@ def relevance(
 RELEVANCE_KINDS: tuple[str, ...] = ("js", "kl", "logratio")
 
 __all__ = [
+    "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CHUNK_SIZE",
+    "auto_chunk_size",
     "JS_DISTANCE_MAX",
     "RELEVANCE_KINDS",
     "entropy",
