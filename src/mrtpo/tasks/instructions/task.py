@@ -1,0 +1,73 @@
+"""The ``instructions`` task: multi-constraint instruction following (SPEC §2).
+
+Splits (fixed order):
+
+* ``"train"`` — generated prompts (:mod:`.generate`): ``train_size`` examples of the stream
+  defined by ``seed``, ``pool``, ``anchor``, ... (``limit`` overrides the size);
+* ``"eval"`` (alias ``"eval_ifeval"``) — IFEval's 541 prompts;
+* ``"eval_ifbench"`` — IFBench's 300 test prompts.
+
+Rewards: ``constraint_1`` .. ``constraint_5`` (:mod:`.verifiers`). Held-out scoring:
+:func:`.evaluate.evaluate` (prompt/instruction level, strict/loose).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mrtpo.tasks import register_task
+from mrtpo.tasks.instructions import data, evaluate as _evaluate, generate as _generate
+from mrtpo.tasks.instructions.verifiers import ConstraintVerifier, slot_verifiers
+from mrtpo.verifiers import Example
+
+__all__ = ["InstructionsTask", "SPLITS"]
+
+SPLITS = ("train", "eval", "eval_ifeval", "eval_ifbench")
+
+
+@register_task("instructions")
+class InstructionsTask:
+    """IFEval/IFBench constraints, one reward per constraint slot."""
+
+    name = "instructions"
+
+    def __init__(
+        self,
+        train_size: int = 2000,
+        seed: int = 0,
+        min_constraints: int = 1,
+        max_constraints: int = 5,
+        pool: str = "ifeval",
+        anchor: tuple[str, ...] | list[str] | str | None = (),
+        min_words_range: tuple[int, int] = (40, 120),
+        word_budget: int | None = None,
+        reward_mode: str = "strict",
+    ) -> None:
+        if train_size < 0:
+            raise ValueError(f"train_size must be >= 0, got {train_size}")
+        self.train_size = train_size
+        self.generator = _generate.GeneratorConfig(
+            seed=seed,
+            min_constraints=min_constraints,
+            max_constraints=max_constraints,
+            pool=pool,
+            anchor=tuple([anchor] if isinstance(anchor, str) else (anchor or ())),
+            min_words_range=tuple(min_words_range),
+            word_budget=word_budget,
+        )
+        self._verifiers = slot_verifiers(reward_mode)
+
+    def load(self, split: str, limit: int | None = None) -> list[Example]:
+        if split == "train":
+            return _generate.generate(self.train_size if limit is None else limit, self.generator)
+        if split in ("eval", "eval_ifeval"):
+            return data.load_ifeval(limit, split=split)
+        if split == "eval_ifbench":
+            return data.load_ifbench(limit, split=split)
+        raise ValueError(f"unknown split {split!r} for task 'instructions'; expected {SPLITS}")
+
+    def verifiers(self) -> list[ConstraintVerifier]:
+        return list(self._verifiers)
+
+    def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
+        return _evaluate.evaluate(outputs, examples)
