@@ -30,6 +30,10 @@ class Task(Protocol):
         """Score model outputs on held-out examples with the benchmark's own checker."""
         ...
 
+    # Optional: ``render_prompt(example, tokenizer) -> str``, the exact prompt string the policy
+    # sees. Generation and the evidence replays both use it (see mrtpo.replay.prompt_renderer);
+    # without it the chat template is applied to ``example.messages`` with ``example.tools``.
+
 
 _TASKS: dict[str, Callable[..., Task]] = {}
 # Built-in task modules, imported lazily so one task's optional assets never block another.

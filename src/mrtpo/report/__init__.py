@@ -1,0 +1,1 @@
+"""Reports a person reads: token-credit views (HTML) and reward curves."""

@@ -1,0 +1,106 @@
+"""Evidence replays on a tiny random model: counterfactual prompts, alignment, exact zeros."""
+
+import pytest
+import torch
+
+from mrtpo.replay import (
+    EvidenceNotFoundError,
+    append_privileged,
+    completion_logits,
+    counterfactual_prompt,
+    default_render_prompt,
+    prompt_renderer,
+    remove_span,
+    replay_completion,
+)
+from mrtpo.testing import tiny_policy
+from mrtpo.verifiers import Evidence, Example
+
+FORMAT = "Answer in one line."
+KEYWORD = "Mention the word river."
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_policy(seed=0)
+
+
+def example():
+    return Example(
+        id="ex-1",
+        split="train",
+        messages=[
+            {"role": "system", "content": f"You are helpful. {FORMAT}"},
+            {"role": "user", "content": f"Describe a city. {KEYWORD} Keep it short."},
+        ],
+    )
+
+
+def test_remove_span_exactly_once_and_tidy():
+    assert remove_span("Be brief. Answer in one line. Thanks", FORMAT) == "Be brief. Thanks"
+    assert remove_span("Intro\nAnswer in one line.\nEnd", FORMAT) == "Intro\nEnd"
+    assert remove_span("Be brief. Answer in one line.", FORMAT) == "Be brief."
+    with pytest.raises(EvidenceNotFoundError, match="verifier 'format' for example 'e7' does not occur"):
+        remove_span("nothing here", FORMAT, verifier="format", example_id="e7")
+    with pytest.raises(EvidenceNotFoundError, match="occurs 2 times"):
+        remove_span(f"{FORMAT} {FORMAT}", FORMAT)
+
+
+def test_privileged_goes_to_the_last_user_turn_only():
+    msgs = example().messages
+    out = append_privileged(msgs, "gold: 42", header="REF:")
+    assert out[1]["content"].endswith("Keep it short.\n\nREF:\ngold: 42")
+    assert out[0] == msgs[0] and msgs[1]["content"].endswith("Keep it short.")  # input untouched
+    with pytest.raises(ValueError, match="user message"):
+        append_privileged([{"role": "system", "content": "x"}], "gold")
+
+
+def test_counterfactual_prompts(policy):
+    _, tok = policy
+    ex = example()
+    render = prompt_renderer(object(), tok)
+    original = render(ex)
+    assert original == default_render_prompt(ex, tok) and FORMAT in original
+    without_format = counterfactual_prompt(ex, [Evidence(FORMAT, "in_prompt")], render)
+    assert FORMAT not in without_format and KEYWORD in without_format
+    assert without_format == original.replace(" " + FORMAT, "")
+    with_gold = counterfactual_prompt(ex, [Evidence("SELECT 1", "privileged")], render, header="REF:")
+    assert with_gold.startswith(original.split("Keep it short.")[0]) and "REF:\nSELECT 1" in with_gold
+    joint = counterfactual_prompt(ex, [Evidence(FORMAT, "in_prompt"), Evidence(KEYWORD, "in_prompt")], render)
+    assert FORMAT not in joint and KEYWORD not in joint and "Describe a city. Keep it short." in joint
+
+
+def test_completion_logits_align_with_a_full_forward(policy):
+    model, tok = policy
+    prompt = torch.tensor(tok("hello there", add_special_tokens=False)["input_ids"])
+    completion = torch.tensor(tok(" general kenobi", add_special_tokens=False)["input_ids"])
+    logits = completion_logits(model, prompt, completion)
+    full = model(input_ids=torch.cat([prompt, completion]).unsqueeze(0)).logits[0]
+    p = prompt.numel()
+    assert logits.shape == (completion.numel(), model.config.vocab_size)
+    torch.testing.assert_close(logits, full[p - 1 : p - 1 + completion.numel()])
+
+
+def test_replay_relevance_shapes_zero_rows_and_exact_zero_for_identical_contexts(policy):
+    model, tok = policy
+    ex = example()
+    completion = torch.tensor(tok("A river runs through it.", add_special_tokens=False)["input_ids"])
+    evidences = [Evidence(FORMAT, "in_prompt"), None, Evidence("river", "privileged")]
+    result = replay_completion(model, tok, ex, completion, evidences, with_joint=True, with_entropy=True)
+    t = completion.numel()
+    assert result.relevance.shape == (3, t) and result.has_evidence == [True, False, True]
+    assert torch.equal(result.relevance[1], torch.zeros(t))
+    assert (result.relevance[0] > 0).all() and (result.relevance[2] > 0).all()
+    assert result.joint.shape == (t,) and result.entropy.shape == (t,)
+    # A renderer that ignores the evidence makes both contexts identical: relevance exactly 0.
+    same = replay_completion(model, tok, ex, completion, [Evidence("privileged", "privileged")],
+                             render=lambda e: default_render_prompt(example(), tok))
+    assert torch.equal(same.relevance, torch.zeros(1, t))
+
+
+def test_replay_names_the_verifier_when_evidence_is_missing(policy):
+    model, tok = policy
+    completion = torch.tensor(tok("ok", add_special_tokens=False)["input_ids"])
+    with pytest.raises(EvidenceNotFoundError, match="'keyword'.*'ex-1'"):
+        replay_completion(model, tok, example(), completion, [Evidence("not in prompt", "in_prompt")],
+                          verifiers=["keyword"])
