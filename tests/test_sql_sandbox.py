@@ -302,3 +302,26 @@ def test_everything_on_the_shared_readonly_file(real_world: Path) -> None:
         assert not execute(real_world, sql, lim).ok
     assert time.monotonic() - t0 < 3 * (0.2 + MARGIN)
     assert _sha(real_world) == before
+
+
+def test_connection_limits_are_set(world: Path) -> None:
+    con, _ = open_readonly(world, SandboxLimits(max_value_bytes=123_456))
+    try:
+        assert con.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED) == 0
+        assert con.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) == 123_456
+        assert con.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) == 0
+        assert con.getlimit(sqlite3.SQLITE_LIMIT_COMPOUND_SELECT) == 50
+    finally:
+        con.close()
+
+
+def test_concurrent_executions_are_independent(world: Path) -> None:
+    """Threads (e.g. a trainer scoring a batch in parallel) get their own connections."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    queries = [f"SELECT count(*) FROM city WHERE ID <= {n}" for n in range(1, 41)]
+    queries.append(SLOW_QUERIES[2])  # one timeout in the middle must not disturb the others
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda q: execute(world, q, LIMITS), queries))
+    assert [r.rows for r in results[:-1]] == [((n,),) for n in range(1, 41)]
+    assert results[-1].error.kind is ErrorKind.TIMEOUT

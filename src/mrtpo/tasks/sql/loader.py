@@ -161,7 +161,7 @@ def _db_tables(path: Path) -> dict[str, list[str]]:
         con.close()
 
 
-_validated: set[tuple[str, str, tuple[str, ...]]] = set()
+_validated: set[tuple[Any, ...]] = set()
 _lock = threading.Lock()
 
 
@@ -169,7 +169,14 @@ def validate(root: Path, db_ids: tuple[str, ...], verify: str = "sha256") -> Non
     """Check that ``root`` holds the expected files for ``db_ids``; raise SpiderDataError if not."""
     if verify not in ("sha256", "schema"):
         raise ValueError(f"verify must be 'sha256' or 'schema', got {verify!r}")
-    key = (str(root), verify, tuple(sorted(db_ids)))
+    # Memoised per process, keyed by the files' identity (inode, size, mtime) so that a changed
+    # or replaced file is checked again.
+    files = [root / "dev.json", root / "tables.json"] + [db_path(root, d) for d in db_ids]
+    try:
+        ident = tuple((str(f), (st := f.stat()).st_ino, st.st_size, st.st_mtime_ns) for f in files)
+    except OSError:
+        ident = None
+    key = (str(root), verify, tuple(sorted(db_ids)), ident)
     with _lock:
         if key in _validated:
             return
