@@ -413,7 +413,11 @@ def _greedy(model, tok, text, n=24, **kw):
 
 
 @pytest.mark.slow  # the GGUF conversion takes 20-45 s on the shared 2-core machine
-def test_smollm2_from_wheel_converts_and_reloads(tmp_path):
+def test_smollm2_from_wheel_converts_and_reloads(tmp_path, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("a GGUF preset load tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
     cache = tmp_path / "cache"
     model, tok = load_policy("smollm2-135m", cache_dir=cache)
     entry = preset_cache_dir("smollm2-135m", cache)

@@ -21,9 +21,8 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 # Local loads must never wait on a network timeout. This only takes effect when mrtpo.models is
 # imported before huggingface_hub; every local load below also passes local_files_only=True.
@@ -180,7 +179,6 @@ class ModelSource:
     preset: Preset | None = None
     path: Path | None = None
     hub_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
