@@ -4,8 +4,6 @@ three rewards on hand-written answers, and evaluation (gold scored against itsel
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
