@@ -260,12 +260,17 @@ def test_hostile_answers_score_zero_quickly(task: SqlTask, eval_examples) -> Non
         "SELECT 1\x00",
         "SELECT " + "1 + " * 20_000 + "1",
     ]
+    import hashlib
+
+    db = Path(ex.gold["db_path"])
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
     t0 = time.monotonic()
     for sql in hostile:
         c = _block(sql)
         assert exe(c, ex) == 0.0 and res(c, ex) == 0.0, sql
     # two timeouts at the default 2 s deadline (each run once: result reuses the cached error)
     assert time.monotonic() - t0 < 2 * 2.0 + 2.0
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
 def test_verifiers_never_raise_on_junk(task: SqlTask, eval_examples) -> None:
