@@ -1,44 +1,52 @@
-"""The ``mrtpo`` command line: ``mrtpo demo``, ``mrtpo bench relevance``, ``mrtpo version``."""
+"""The ``mrtpo`` command line. Each command lives in its own module with a ``main(argv)``::
+
+    mrtpo train    --task <toolcall|instructions|sql> --method <grpo|gdpo|mrtpo|contrast|entropy>
+    mrtpo eval     --task <...> --model <preset|dir|checkpoint>
+    mrtpo explain  --task <...> --completion <text>      (token-credit view of one pair)
+    mrtpo demo                                             (one credit step, printed + HTML)
+    mrtpo bench    relevance
+"""
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
 
+#: command → (module with ``main(argv)``, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("mrtpo.train", "train a policy with MRTPO or a baseline method"),
+    "eval": ("mrtpo.evaluate", "score a model or checkpoint on a task's held-out split"),
+    "explain": ("mrtpo.explain", "render the token-credit view for a prompt/completion pair"),
+    "demo": ("mrtpo.demo", "one MRTPO credit-assignment step on the default model, printed and as HTML"),
+    "bench": ("mrtpo.bench", "benchmarks: relevance"),
+    "version": ("mrtpo", "print the version"),
+}
 
-def _bench(argv: list[str]) -> int:
-    benches = {"relevance": "mrtpo.bench.relevance"}
-    if not argv or argv[0] not in benches:
-        print(f"usage: mrtpo bench {{{','.join(benches)}}} [options]", file=sys.stderr)
-        return 2
-    import importlib
 
-    return importlib.import_module(benches[argv[0]]).main(argv[1:])
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: mrtpo <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `mrtpo <command> --help` for a command's options."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(
-        prog="mrtpo", description="Multi-reward RL with reward-specific token-level credit assignment."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("version", help="print the version")
-    sub.add_parser("demo", help="credit-assignment demo on the embedded default model", add_help=False)
-    sub.add_parser("bench", help="benchmarks: relevance", add_help=False)
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "version":
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"mrtpo: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if command == "version":
         import mrtpo
 
         print(mrtpo.__version__)
         return 0
-    if args.command == "bench":
-        return _bench(rest)
-    if args.command == "demo":
-        from mrtpo import demo
-
-        return demo.main(rest)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(rest) or 0)
 
 
 if __name__ == "__main__":
