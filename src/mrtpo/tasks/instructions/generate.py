@@ -216,8 +216,13 @@ def _acceptable(c: dict, chosen: Sequence[dict], base_task: str, cfg: GeneratorC
     if not isinstance(c["sentence"], str) or not c["sentence"].strip():
         return False
     # the recorded kwargs must rebuild the same sentence (what the checker will be built from)
-    if checkers.describe(c["benchmark"], c["id"], c["kwargs"]) != c["sentence"]:
-        return False
+    # without any random redraw: rebuilt under two different random streams. This rejects
+    # argument sets the library itself redraws, e.g. IFEval's nth_paragraph_first_word can draw
+    # "Paragraph 2" of a 1-paragraph answer (randint(1, num_paragraphs + 1)).
+    for probe in (1, 2):
+        with _library_random(random.Random(probe)):
+            if checkers.describe(c["benchmark"], c["id"], c["kwargs"]) != c["sentence"]:
+                return False
     if cfg.word_budget is not None and _min_words_needed(c) > cfg.word_budget:
         return False
     texts = [base_task] + [o["sentence"] for o in chosen]
