@@ -11,7 +11,8 @@ NLTK data cannot be downloaded here. The checkers need three resources:
 * ``taggers/averaged_perceptron_tagger_eng`` — not available offline; the one IFBench constraint
   that needs it is excluded explicitly (see ``checkers.UNVERIFIABLE``).
 
-Location: ``$MRTPO_NLTK_DATA`` if set, else ``<project root>/.nltk_data`` (gitignored). The folder
+Location: ``$MRTPO_NLTK_DATA`` if set, else ``<project root>/.nltk_data`` (gitignored) for a
+source checkout (editable install), else ``~/.cache/mrtpo/nltk_data``. The folder
 is added to ``nltk.data.path`` by :func:`ensure` (our code), never through a global variable the
 user must set. ``python -m mrtpo.tasks.instructions.nltk_data`` builds it (scripts/setup.d).
 """
@@ -35,9 +36,13 @@ REQUIRED_FILES: tuple[str, ...] = tuple(
 
 
 def data_dir() -> Path:
-    """Where the folder lives: ``$MRTPO_NLTK_DATA``, else ``<project root>/.nltk_data``."""
+    """Where the folder lives (see the module docstring)."""
     override = os.environ.get("MRTPO_NLTK_DATA")
-    return Path(override) if override else _PROJECT_ROOT / ".nltk_data"
+    if override:
+        return Path(override)
+    if (_PROJECT_ROOT / "pyproject.toml").is_file():
+        return _PROJECT_ROOT / ".nltk_data"
+    return Path.home() / ".cache" / "mrtpo" / "nltk_data"
 
 
 def stopwords() -> list[str]:
