@@ -138,3 +138,17 @@ def test_token_advantages_rejects_mismatched_weights():
         token_advantages(torch.zeros(2, 1), 2, torch.ones(2, 2, 3), torch.ones(2, 3))
     with pytest.raises(ValueError, match="reward_weights"):
         gdpo_advantages(torch.zeros(2, 2), 2, reward_weights=[1.0])
+
+
+def test_rounding_sized_batch_spread_is_not_amplified():
+    # One group of 2 whose rewards cancel: S = (±6e-5) is pure STD_EPS rounding, so no division.
+    rewards = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    from mrtpo.credit import MIN_BATCH_STD, batch_statistics, group_normalize, weighted_reward_sum
+
+    scores = weighted_reward_sum(group_normalize(rewards, 2))
+    assert 0 < batch_statistics(scores)[1] < MIN_BATCH_STD
+    adv = gdpo_advantages(rewards, 2)
+    assert adv.abs().max() < 1e-3
+    weights = torch.tensor([[[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], [[0.0, 2.0, 1.0], [2.0, 1.0, 0.0]]])
+    token = token_advantages(rewards, 2, weights, torch.tensor([[1.0, 0, 0], [1, 1, 1]]))
+    assert token.abs().max() < 3.0  # O(1) numerators, not ±10⁴

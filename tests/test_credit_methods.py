@@ -136,3 +136,17 @@ def test_missing_inputs_and_unknown_method_are_clear_errors():
         compute_advantages("mrtpo", CreditBatch(batch.rewards, 4, batch.mask))
     with pytest.raises(ValueError, match="already registered"):
         register_method("gdpo", "none", "duplicate")(lambda b, c: b.mask)
+
+
+@pytest.mark.parametrize("method", ["grpo", "gdpo", "mrtpo", "contrast", "entropy"])
+def test_two_processes_with_global_rewards_match_one(method):
+    """Each process holds its rows' relevance; rewards are gathered: the split changes nothing."""
+    batch = make_batch(n_prompts=4, group=2, seed=8)
+    whole = compute_advantages(method, batch)
+    parts = []
+    for rows in (slice(0, 3), slice(3, 8)):  # an uneven split that cuts a group in half
+        parts.append(compute_advantages(method, CreditBatch(
+            batch.rewards, 2, batch.mask[rows], relevance=batch.relevance[rows],
+            joint_relevance=batch.joint_relevance[rows], entropy=batch.entropy[rows], rows=rows,
+        )))
+    torch.testing.assert_close(torch.cat(parts), whole)

@@ -4,7 +4,9 @@ Pure torch functions; nothing here knows about models, tokenizers, TRL or tasks.
 """
 
 from mrtpo.credit.advantages import (
+    MIN_BATCH_STD,
     STD_EPS,
+    batch_normalize,
     batch_statistics,
     gdpo_advantages,
     group_normalize,
@@ -43,6 +45,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "auto_chunk_size",
     "JS_DISTANCE_MAX",
+    "MIN_BATCH_STD",
     "MIN_MEAN_RELEVANCE",
     "NEEDS",
     "RELEVANCE_KINDS",
@@ -51,6 +54,7 @@ __all__ = [
     "CreditConfig",
     "CreditMethod",
     "available_methods",
+    "batch_normalize",
     "batch_statistics",
     "compute_advantages",
     "entropy",

@@ -13,6 +13,11 @@ from torch import Tensor
 
 #: Added to every standard deviation before dividing (GDPO Eq. 4 and Eq. 6).
 STD_EPS = 1e-4
+#: Below this batch spread of the sequence scores, step 3's division is skipped (scores are only
+#: centred). Such a spread is made of ``STD_EPS`` rounding (e.g. one group whose two rewards cancel
+#: exactly); dividing by it would turn that rounding into ±0.3 GDPO advantages and, at the token
+#: level where numerators stay O(1), into advantages of ±10⁴. Informative batches have σ ≳ 0.1.
+MIN_BATCH_STD = 1e-3
 
 
 def _check_rewards(rewards: Tensor, group_size: int) -> Tensor:
@@ -82,6 +87,14 @@ def batch_statistics(scores: Tensor) -> tuple[Tensor, Tensor]:
     return mean.view(()), std.view(())
 
 
+def batch_normalize(values: Tensor, mean: Tensor | float, std: Tensor | float) -> Tensor:
+    """``(values − μ) / (σ + 1e-4)``, or only ``values − μ`` when ``σ < MIN_BATCH_STD``."""
+    std = torch.as_tensor(std, dtype=torch.float64)
+    if std < MIN_BATCH_STD:
+        return values - mean
+    return (values - mean) / (std + STD_EPS)
+
+
 def gdpo_advantages(
     rewards: Tensor,
     group_size: int,
@@ -98,7 +111,7 @@ def gdpo_advantages(
     if not batch_norm:
         return scores.to(torch.float32)
     mean, std = batch_stats if batch_stats is not None else batch_statistics(scores)
-    return ((scores - mean) / (std + STD_EPS)).to(torch.float32)
+    return batch_normalize(scores, mean, std).to(torch.float32)
 
 
 def grpo_advantages(rewards: Tensor, group_size: int, reward_weights=None) -> Tensor:
@@ -117,6 +130,7 @@ def token_advantages(
     reward_weights=None,
     batch_norm: bool = True,
     batch_stats: tuple[Tensor | float, Tensor | float] | None = None,
+    rows: slice | None = None,
 ) -> Tensor:
     """Per-token advantages ``A[j,t]`` (SPEC §1 step 6), ``(N, T)`` float32, 0 where ``mask`` is 0.
 
@@ -124,26 +138,34 @@ def token_advantages(
     of the sequence scores ``S[j] = Σ_k ω_k Â[j,k]``. ``weights`` is ``(N, K, T)`` (1 where a
     reward has no evidence); ``mask`` is ``(N, T)`` with 1 on completion tokens. With
     ``batch_norm=False`` the numerator is returned unnormalised.
+
+    ``rows``: ``rewards`` is the global batch (all processes) and ``weights``/``mask`` cover only
+    these rows of it (this process's share): group and batch statistics stay global.
     """
     group_adv = group_normalize(rewards, group_size)
-    n, k = group_adv.shape
+    omega = _reward_weight_vector(reward_weights, group_adv.shape[1], group_adv)
+    coeff = torch.nan_to_num(group_adv, nan=0.0) * omega  # (N_global, K)
+    if batch_norm and batch_stats is None:
+        batch_stats = batch_statistics(coeff.sum(1))
+    if rows is not None:
+        coeff = coeff[rows]
+    n, k = coeff.shape
     if weights.dim() != 3 or weights.shape[:2] != (n, k):
         raise ValueError(f"weights must be (N={n}, K={k}, T), got shape {tuple(weights.shape)}")
     if mask.shape != (n, weights.shape[2]):
         raise ValueError(
             f"mask must be (N={n}, T={weights.shape[2]}), got shape {tuple(mask.shape)}"
         )
-    omega = _reward_weight_vector(reward_weights, k, group_adv)
-    coeff = torch.nan_to_num(group_adv, nan=0.0) * omega  # (N, K)
     numerator = torch.einsum("nk,nkt->nt", coeff, weights.to(torch.float64))
     if batch_norm:
-        mean, std = batch_stats if batch_stats is not None else batch_statistics(coeff.sum(1))
-        numerator = (numerator - mean) / (std + STD_EPS)
+        numerator = batch_normalize(numerator, *batch_stats)
     return (numerator * mask.to(torch.float64)).to(torch.float32)
 
 
 __all__ = [
+    "MIN_BATCH_STD",
     "STD_EPS",
+    "batch_normalize",
     "batch_statistics",
     "gdpo_advantages",
     "group_normalize",

@@ -43,6 +43,12 @@ class CreditBatch:
     has_evidence: Tensor | Sequence[bool] | None = None  # (K,) which rewards have a replay
     joint_relevance: Tensor | None = None  # (N, T) all evidence at once (needs "joint")
     entropy: Tensor | None = None  # (N, T) the policy's own entropy (needs "entropy")
+    # When set, ``rewards`` is the global batch (all processes) and every other tensor covers only
+    # these rows of it; group and batch statistics stay global, so two processes match one.
+    rows: slice | None = None
+
+    def local_rewards(self) -> Tensor:
+        return self.rewards if self.rows is None else self.rewards[self.rows]
 
 
 @dataclass(frozen=True)
@@ -103,35 +109,35 @@ def _broadcast_sequence(adv: Tensor, mask: Tensor) -> Tensor:
 
 
 def _uniform_weights(batch: CreditBatch) -> Tensor:
-    n, k = batch.rewards.shape
+    n, k = batch.local_rewards().shape
     return batch.mask.to(torch.float32).unsqueeze(1).expand(n, k, batch.mask.shape[1])
 
 
 def _shared_map_advantages(batch: CreditBatch, config: CreditConfig, token_map: Tensor) -> Tensor:
     """One weight map for every reward (contrast, entropy): step 6 with ``w[k] = w`` for all k."""
     weights = relevance_weights(token_map, batch.mask, config.lam, config.w_max)
-    n, k = batch.rewards.shape
+    n, k = batch.local_rewards().shape
     return token_advantages(
         batch.rewards, batch.group_size, weights.unsqueeze(1).expand(n, k, weights.shape[1]),
-        batch.mask, config.reward_weights, config.batch_norm,
+        batch.mask, config.reward_weights, config.batch_norm, rows=batch.rows,
     )
 
 
 @register_method("grpo", needs="none", description="sum rewards, group-normalise; uniform over tokens")
 def _grpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
     adv = grpo_advantages(batch.rewards, batch.group_size, config.reward_weights)
-    return _broadcast_sequence(adv, batch.mask)
+    return _broadcast_sequence(adv if batch.rows is None else adv[batch.rows], batch.mask)
 
 
 @register_method("gdpo", needs="none", description="per-reward normalise, sum, batch-normalise; uniform")
 def _gdpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
     adv = gdpo_advantages(batch.rewards, batch.group_size, config.reward_weights, config.batch_norm)
-    return _broadcast_sequence(adv, batch.mask)
+    return _broadcast_sequence(adv if batch.rows is None else adv[batch.rows], batch.mask)
 
 
 @register_method("mrtpo", needs="per_reward", description="GDPO, each reward's advantage on its own JS map")
 def _mrtpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
-    n, k = batch.rewards.shape
+    n, k = batch.local_rewards().shape
     relevance = _require(batch.relevance, "per-reward relevance (N, K, T)", "mrtpo")
     if relevance.shape != (n, k, batch.mask.shape[1]):
         raise ValueError(f"relevance must be (N={n}, K={k}, T={batch.mask.shape[1]}), got {tuple(relevance.shape)}")
@@ -141,7 +147,8 @@ def _mrtpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
         if has_evidence[j]:
             weights[:, j] = relevance_weights(relevance[:, j], batch.mask, config.lam, config.w_max)
     return token_advantages(
-        batch.rewards, batch.group_size, weights, batch.mask, config.reward_weights, config.batch_norm
+        batch.rewards, batch.group_size, weights, batch.mask, config.reward_weights, config.batch_norm,
+        rows=batch.rows,
     )
 
 
