@@ -148,3 +148,27 @@ def test_evaluate_excludes_unverifiable_prompts_explicitly() -> None:
     assert set(r["excluded"]) == {"ifbench/words:start_verb"}
     assert "POS tagger" in r["excluded"]["ifbench/words:start_verb"]["reason"]
     assert "ifbench/words:start_verb" not in r["per_instruction"]
+
+
+def test_evidence_in_the_chat_templated_prompt() -> None:
+    """The contract is about the rendered prompt the policy sees (ChatML, as Qwen's)."""
+    from mrtpo.testing import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    task = get_task("instructions", train_size=40, seed=21, pool="all", anchor=("keywords",))
+    vs = task.verifiers()
+    for ex in task.load("train"):
+        rendered = tok.apply_chat_template(ex.messages, tokenize=False, add_generation_prompt=True)
+        evs = [e for e in (v.evidence(ex) for v in vs) if e is not None]
+        assert len(evs) == len(ex.gold["constraints"])
+        for ev in evs:
+            assert rendered.count(ev.text) == 1
+        # removing all of them at once (the "contrast" baseline) keeps the base task and the
+        # chat frame intact
+        stripped = rendered
+        for ev in evs:
+            stripped = stripped.replace(ev.text, "", 1)
+        assert ex.meta["base_task"] in stripped
+        assert stripped.startswith("<|im_start|>user\n") and stripped.endswith(
+            "<|im_end|>\n<|im_start|>assistant\n"
+        )
