@@ -150,3 +150,17 @@ def test_two_processes_with_global_rewards_match_one(method):
             joint_relevance=batch.joint_relevance[rows], entropy=batch.entropy[rows], rows=rows,
         )))
     torch.testing.assert_close(torch.cat(parts), whole)
+
+
+def test_per_completion_evidence_presence():
+    """(N, K) has_evidence: a slot a prompt lacks stays uniform for that completion only."""
+    batch = make_batch(seed=9)
+    has = torch.ones(12, 3, dtype=torch.bool)
+    has[:4, 2] = False  # the first prompt has no third constraint
+    batch.has_evidence = has
+    w = get_method("mrtpo").weights(batch)
+    torch.testing.assert_close(w[:4, 2], batch.mask[:4])
+    assert not torch.allclose(w[4:, 2], batch.mask[4:])
+    with pytest.raises(ValueError, match="has_evidence"):
+        batch.has_evidence = torch.ones(5, 3, dtype=torch.bool)
+        get_method("mrtpo").weights(batch)

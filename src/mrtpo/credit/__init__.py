@@ -21,6 +21,7 @@ from mrtpo.credit.methods import (
     CreditMethod,
     available_methods,
     compute_advantages,
+    credit_weights,
     get_method,
     register_method,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "batch_normalize",
     "batch_statistics",
     "compute_advantages",
+    "credit_weights",
     "entropy",
     "gdpo_advantages",
     "get_method",

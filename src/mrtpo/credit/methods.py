@@ -40,7 +40,7 @@ class CreditBatch:
     group_size: int
     mask: Tensor  # (N, T), 1 on completion tokens
     relevance: Tensor | None = None  # (N, K, T) per-reward relevance (method needs "per_reward")
-    has_evidence: Tensor | Sequence[bool] | None = None  # (K,) which rewards have a replay
+    has_evidence: Tensor | Sequence[bool] | None = None  # (K,) or (N, K): which rewards have a replay
     joint_relevance: Tensor | None = None  # (N, T) all evidence at once (needs "joint")
     entropy: Tensor | None = None  # (N, T) the policy's own entropy (needs "entropy")
     # When set, ``rewards`` is the global batch (all processes) and every other tensor covers only
@@ -62,6 +62,10 @@ class CreditMethod:
 
     def __call__(self, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
         return self.fn(batch, config or CreditConfig())
+
+    def weights(self, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
+        """The ``(N, K, T)`` token weights this method gives each reward (for reports and metrics)."""
+        return credit_weights(batch, config or CreditConfig(), self.needs)
 
 
 _METHODS: dict[str, CreditMethod] = {}
@@ -98,9 +102,10 @@ def compute_advantages(method: str, batch: CreditBatch, config: CreditConfig | N
     return get_method(method)(batch, config)
 
 
-def _require(value: Tensor | None, what: str, method: str) -> Tensor:
+def _require(value: Tensor | None, what: str, needs: str) -> Tensor:
     if value is None:
-        raise ValueError(f"credit method {method!r} needs {what}, which the batch does not carry")
+        users = [m.name for m in _METHODS.values() if m.needs == needs]
+        raise ValueError(f"credit method {'/'.join(map(repr, users))} needs {what}, which the batch does not carry")
     return value
 
 
@@ -108,18 +113,47 @@ def _broadcast_sequence(adv: Tensor, mask: Tensor) -> Tensor:
     return adv.unsqueeze(1) * mask.to(adv.dtype)
 
 
-def _uniform_weights(batch: CreditBatch) -> Tensor:
-    n, k = batch.local_rewards().shape
-    return batch.mask.to(torch.float32).unsqueeze(1).expand(n, k, batch.mask.shape[1])
+def _evidence_rows(batch: CreditBatch, n: int, k: int) -> Tensor:
+    """``(N, K)`` bool: which (completion, reward) pairs have a replay. Accepts ``(K,)`` or ``(N, K)``."""
+    if batch.has_evidence is None:
+        return torch.ones(n, k, dtype=torch.bool)
+    has = torch.as_tensor(batch.has_evidence, dtype=torch.bool)
+    if has.dim() == 1:
+        has = has.unsqueeze(0).expand(n, k)
+    if has.shape != (n, k):
+        raise ValueError(f"has_evidence must be (K={k},) or (N={n}, K={k}), got {tuple(has.shape)}")
+    return has
 
 
-def _shared_map_advantages(batch: CreditBatch, config: CreditConfig, token_map: Tensor) -> Tensor:
-    """One weight map for every reward (contrast, entropy): step 6 with ``w[k] = w`` for all k."""
-    weights = relevance_weights(token_map, batch.mask, config.lam, config.w_max)
+def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tensor:
+    """Token weights ``(N, K, T)`` a method with these ``needs`` gives each reward (1 = uniform).
+
+    ``per_reward``: each reward's own relevance where it has evidence; ``joint`` / ``entropy``:
+    one shared map for every reward; ``none``: uniform. Masked positions are 0.
+    """
     n, k = batch.local_rewards().shape
+    t = batch.mask.shape[1]
+    weights = batch.mask.to(torch.float32).unsqueeze(1).expand(n, k, t).clone()
+    if needs == "per_reward":
+        relevance = _require(batch.relevance, "per-reward relevance (N, K, T)", "per_reward")
+        if relevance.shape != (n, k, t):
+            raise ValueError(f"relevance must be (N={n}, K={k}, T={t}), got {tuple(relevance.shape)}")
+        has = _evidence_rows(batch, n, k)
+        for i in range(k):
+            if has[:, i].any():
+                w = relevance_weights(relevance[:, i], batch.mask, config.lam, config.w_max)
+                weights[has[:, i], i] = w[has[:, i]]
+    elif needs in ("joint", "entropy"):
+        what = "joint relevance (N, T)" if needs == "joint" else "the policy's per-token entropy (N, T)"
+        token_map = _require(batch.joint_relevance if needs == "joint" else batch.entropy, what, needs)
+        weights = relevance_weights(token_map, batch.mask, config.lam, config.w_max).unsqueeze(1).expand(n, k, t).clone()
+    return weights
+
+
+def _weighted(batch: CreditBatch, config: CreditConfig, needs: str) -> Tensor:
     return token_advantages(
-        batch.rewards, batch.group_size, weights.unsqueeze(1).expand(n, k, weights.shape[1]),
-        batch.mask, config.reward_weights, config.batch_norm, rows=batch.rows,
+        batch.rewards, batch.group_size, credit_weights(batch, config, needs), batch.mask,
+        config.reward_weights, config.batch_norm, rows=batch.rows,
     )
 
 
@@ -137,31 +171,17 @@ def _gdpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
 
 @register_method("mrtpo", needs="per_reward", description="GDPO, each reward's advantage on its own JS map")
 def _mrtpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
-    n, k = batch.local_rewards().shape
-    relevance = _require(batch.relevance, "per-reward relevance (N, K, T)", "mrtpo")
-    if relevance.shape != (n, k, batch.mask.shape[1]):
-        raise ValueError(f"relevance must be (N={n}, K={k}, T={batch.mask.shape[1]}), got {tuple(relevance.shape)}")
-    has_evidence = torch.ones(k, dtype=torch.bool) if batch.has_evidence is None else torch.as_tensor(batch.has_evidence, dtype=torch.bool)
-    weights = _uniform_weights(batch).clone()
-    for j in range(k):
-        if has_evidence[j]:
-            weights[:, j] = relevance_weights(relevance[:, j], batch.mask, config.lam, config.w_max)
-    return token_advantages(
-        batch.rewards, batch.group_size, weights, batch.mask, config.reward_weights, config.batch_norm,
-        rows=batch.rows,
-    )
+    return _weighted(batch, config, "per_reward")
 
 
 @register_method("contrast", needs="joint", description="GDPO on one map from a replay with all evidence at once")
 def _contrast(batch: CreditBatch, config: CreditConfig) -> Tensor:
-    joint = _require(batch.joint_relevance, "joint relevance (N, T)", "contrast")
-    return _shared_map_advantages(batch, config, joint)
+    return _weighted(batch, config, "joint")
 
 
 @register_method("entropy", needs="entropy", description="GDPO on one map from the policy's own entropy")
 def _entropy(batch: CreditBatch, config: CreditConfig) -> Tensor:
-    ent = _require(batch.entropy, "the policy's per-token entropy (N, T)", "entropy")
-    return _shared_map_advantages(batch, config, ent)
+    return _weighted(batch, config, "entropy")
 
 
 __all__ = [
@@ -171,6 +191,7 @@ __all__ = [
     "CreditMethod",
     "available_methods",
     "compute_advantages",
+    "credit_weights",
     "get_method",
     "register_method",
 ]

@@ -1,0 +1,370 @@
+"""``MRTPOConfig`` / ``MRTPOTrainer``: TRL's GRPO with reward-specific token-level credit.
+
+A thin subclass pair of TRL's ``GRPOConfig`` / ``GRPOTrainer`` (TRL pinned to 1.16.*). What
+differs from GRPOTrainer, and nothing else:
+
+1. ``_calculate_rewards`` also keeps the gathered ``(N, K)`` reward matrix (TRL's own code scores).
+2. ``_generate_and_score_completions`` runs TRL's generation and scoring unchanged, then replaces
+   TRL's ``(B,)`` advantages by the ``(B, T)`` advantages of ``args.method`` (a name from
+   :mod:`mrtpo.credit`'s registry), running exactly the evidence replays that method needs.
+   Group and batch statistics come from the gathered global rewards; each process replays only
+   its own completions, one forward call per completion, so all ranks stay in lockstep.
+3. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
+   update, and a callback writes every log line to ``<output_dir>/metrics.jsonl``.
+
+TRL's loss is untouched: it already accepts ``(B, T)`` advantages. Loss types that assume one
+advantage per sequence are rejected by the config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from mrtpo.credit import (
+    RELEVANCE_KINDS,
+    CreditBatch,
+    CreditConfig,
+    available_methods,
+    entropy,
+    get_method,
+    relevance,
+)
+from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, append_privileged, remove_span
+from mrtpo.rewards import declares_evidence, evidence_for
+from mrtpo.verifiers import Evidence
+
+#: Loss settings whose objective is built on one advantage (or ratio) per sequence.
+SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
+
+
+@dataclass
+class MRTPOConfig(GRPOConfig):
+    """GRPOConfig plus the credit-assignment knobs of SPEC §1 (validated in ``__post_init__``)."""
+
+    method: str = field(default="mrtpo", metadata={"help": "credit method: grpo, gdpo, mrtpo, contrast, entropy"})
+    relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})
+    lam: float = field(default=1.0, metadata={"help": "weight interpolation: 0 uniform, 1 proportional to relevance"})
+    w_max: float | None = field(default=None, metadata={"help": "cap on one token's weight (then renormalised); None: no cap"})
+    relevance_chunk_size: int | None = field(default=None, metadata={"help": "positions per relevance chunk; None: auto"})
+    relevance_top_k: int | None = field(default=None, metadata={"help": "top-k approximation of the JS sum; None: exact"})
+    privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
+    credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
+    credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.method not in available_methods():
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(available_methods())}")
+        if self.relevance not in RELEVANCE_KINDS:
+            raise ValueError(f"unknown relevance {self.relevance!r}; choose one of {', '.join(RELEVANCE_KINDS)}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+        if self.w_max is not None and self.w_max < 1.0:
+            raise ValueError(f"w_max must be >= 1 (weights average to 1) or None, got {self.w_max}")
+        if self.relevance_chunk_size is not None and self.relevance_chunk_size < 1:
+            raise ValueError(f"relevance_chunk_size must be >= 1 or None, got {self.relevance_chunk_size}")
+        if self.relevance_top_k is not None:
+            if self.relevance_top_k < 1:
+                raise ValueError(f"relevance_top_k must be >= 1 or None, got {self.relevance_top_k}")
+            if self.relevance != "js":
+                raise ValueError("relevance_top_k approximates the JS sum; it needs relevance='js'")
+        if not self.privileged_header.strip():
+            raise ValueError("privileged_header must be a non-empty line")
+        if self.credit_samples < 0:
+            raise ValueError(f"credit_samples must be >= 0, got {self.credit_samples}")
+        if self.loss_type in SEQUENCE_LEVEL_LOSSES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} assumes one advantage per sequence; token-level credit needs a "
+                "token-level loss: use one of 'dapo' (default), 'grpo', 'bnpo', 'dr_grpo', 'cispo', 'sapo'"
+            )
+        if self.importance_sampling_level != "token":
+            raise ValueError(
+                "importance_sampling_level='sequence' (GSPO) weighs whole sequences; token-level credit needs "
+                "importance_sampling_level='token'"
+            )
+
+
+class MetricsJSONL(TrainerCallback):
+    """Writes every log line as JSON to ``<output_dir>/metrics.jsonl`` (appends across resumes).
+
+    On resume, lines logged after the checkpoint's step (by the interrupted run) are dropped, so
+    the file reads as one continuous run.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= state.global_step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, "time": time.time()}
+        record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str)) or v is None})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+
+
+def _top_share_and_set(weights: Tensor, length: int) -> tuple[float, set[int]]:
+    """Share of a response's total weight on its top 10 % of tokens, and those token positions."""
+    top = max(1, math.ceil(0.1 * length))
+    w = weights[:length]
+    idx = torch.topk(w, top).indices
+    total = float(w.sum())
+    return (float(w[idx].sum()) / total if total > 0 else 0.0), set(idx.tolist())
+
+
+class MRTPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose advantages are token-level and reward-specific (see the module docstring).
+
+    ``reward_funcs`` are ordinary TRL reward functions; those that declare evidence (the
+    :func:`mrtpo.rewards.evidence` decorator, or :class:`mrtpo.rewards.VerifierReward`) get
+    relevance-weighted credit under ``method="mrtpo"``; the others get uniform weights.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, MRTPOConfig):
+            raise TypeError("MRTPOTrainer needs an MRTPOConfig (args=MRTPOConfig(...))")
+        if self.environment_factories is not None:
+            raise NotImplementedError("MRTPOTrainer does not support environment rollouts (environment_factory)")
+        self.credit_method = get_method(self.args.method)
+        self.credit_config = CreditConfig(
+            lam=self.args.lam, w_max=self.args.w_max, batch_norm=self.args.credit_batch_norm,
+            reward_weights=self.reward_weights.tolist(),
+        )
+        self._with_evidence = [declares_evidence(f) for f in self.reward_funcs]
+        if self.credit_method.needs in ("per_reward", "joint") and not any(self._with_evidence):
+            raise ValueError(
+                f"method {self.args.method!r} needs rewards with evidence, but none of {self.reward_func_names} "
+                "declares any: decorate them with @mrtpo.evidence(...) or wrap task verifiers in VerifierReward"
+            )
+        self._last_rewards: Tensor | None = None
+        self._timing = {"generation": 0.0, "scoring": 0.0, "replay": 0.0}
+        self.add_callback(MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl"))
+
+    # --- timing wrappers -------------------------------------------------------------------
+    def _generate(self, prompts: list):
+        start = time.perf_counter()
+        try:
+            return super()._generate(prompts)
+        finally:
+            self._timing["generation"] += time.perf_counter() - start
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        start = time.perf_counter()
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._timing["scoring"] += time.perf_counter() - start
+        self._last_rewards = rewards.detach().float().cpu()
+        return rewards
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        before = dict(self._timing)
+        start = time.perf_counter()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        total = time.perf_counter() - start
+        spent = {k: self._timing[k] - before[k] for k in self._timing}
+        if spent["generation"] > 0 or spent["replay"] > 0:  # a step that generated a new batch
+            for k, v in spent.items():
+                self._metrics["train"][f"time/{k}"].append(v)
+        self._metrics["train"]["time/update"].append(total - sum(spent.values()))
+        return loss
+
+    # --- contexts ----------------------------------------------------------------------------
+    def _render(self, prompt: Any) -> str:
+        """The prompt string exactly as TRL renders it for generation."""
+        if isinstance(prompt, str):
+            return prompt
+        return self.processing_class.apply_chat_template(
+            prompt, tools=self.tools or None, chat_template=self.chat_template,
+            add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs,
+        )
+
+    def _tokenize(self, prompt: Any, text: str) -> list[int]:
+        # TRL tokenizes string prompts with the tokenizer's special tokens, chat prompts without.
+        return self.processing_class(text=text, add_special_tokens=isinstance(prompt, str))["input_ids"]
+
+    def _counterfactual(self, prompt: Any, evidences: list[Evidence], names: list[str], example_id: str) -> str:
+        """The prompt with each ``in_prompt`` evidence removed and each ``privileged`` one appended."""
+        header = self.args.privileged_header
+        privileged = [ev.text for ev in evidences if ev.placement == "privileged"]
+        if isinstance(prompt, str):
+            text = prompt + "".join(f"\n\n{header}\n{t}" for t in privileged)
+        else:
+            for t in privileged:
+                prompt = append_privileged(prompt, t, header)
+            text = self._render(prompt)
+        for ev, name in zip(evidences, names):
+            if ev.placement == "in_prompt":
+                text = remove_span(text, ev.text, verifier=name, example_id=example_id)
+        return text
+
+    @torch.no_grad()
+    def _forward_rows(self, rows: list[list[int]], completion: Tensor) -> Tensor:
+        """Logits ``(R, T, V)`` for ``completion`` ``(T,)`` after each context in ``rows``.
+
+        One left-padded forward call with explicit position ids; the completion occupies the last
+        ``T`` positions of every row, so ``logits_to_keep = T + 1`` minus the last one aligns.
+        """
+        device = self.accelerator.device
+        t = completion.numel()
+        seqs = [torch.tensor(r, dtype=torch.long) for r in rows]
+        length = max(s.numel() for s in seqs) + t
+        pad_id = self.processing_class.pad_token_id or 0
+        ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), length), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            full = torch.cat([s, completion.cpu()])
+            ids[i, length - full.numel():] = full
+            attn[i, length - full.numel():] = 1
+        position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+        out = self.model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=position_ids.to(device),
+                         logits_to_keep=t + 1, use_cache=False)
+        return out.logits[:, :-1].float() if out.logits.dtype != torch.float32 else out.logits[:, :-1]
+
+    def _replay(self, inputs: list[dict], out: dict) -> dict[str, Tensor | None]:
+        """Relevance maps for this process's completions, as the credit method needs them."""
+        needs = self.credit_method.needs
+        b, t_max = out["completion_ids"].shape
+        k = len(self.reward_funcs)
+        per_reward = torch.zeros(b, k, t_max) if needs == "per_reward" else None
+        joint = torch.zeros(b, t_max) if needs == "joint" else None
+        ent = torch.zeros(b, t_max) if needs == "entropy" else None
+        has_evidence = torch.zeros(b, k, dtype=torch.bool)
+        lengths = out["completion_mask"].sum(-1).tolist()
+        temperature = self.temperature
+        chunk, top_k, kind = self.args.relevance_chunk_size, self.args.relevance_top_k, self.args.relevance
+        for j, row in enumerate(inputs):
+            prompt = row["prompt"]
+            example_id = str(row.get("example_id", j))
+            completion = out["completion_ids"][j, : int(lengths[j])].cpu()
+            if completion.numel() == 0:
+                completion = out["completion_ids"][j, :1].cpu()  # keep every rank's call count equal
+            base_ids = out["prompt_ids"][j][out["prompt_mask"][j].bool()].tolist()
+            evidences = [evidence_for(f, row) if has else None for f, has in zip(self.reward_funcs, self._with_evidence)]
+            present = [(i, ev) for i, ev in enumerate(evidences) if ev is not None]
+            contexts = [base_ids]
+            if needs == "per_reward":
+                for i, ev in present:
+                    contexts.append(self._tokenize(prompt, self._counterfactual(prompt, [ev], [self.reward_func_names[i]], example_id)))
+            elif needs == "joint" and present:
+                names = [self.reward_func_names[i] for i, _ in present]
+                contexts.append(self._tokenize(prompt, self._counterfactual(prompt, [ev for _, ev in present], names, example_id)))
+            logits = self._forward_rows(contexts, completion)
+            n = int(lengths[j])
+            if n == 0:
+                continue
+            token_ids = completion.view(1, -1).to(logits.device)
+            base = logits[:1, :n]
+
+            def score(other: Tensor, placement: str) -> Tensor:
+                with_ev, without_ev = (base, other) if placement == "in_prompt" else (other, base)
+                return relevance(kind, with_ev, without_ev, token_ids[:, :n], None, chunk, temperature, top_k)[0].cpu()
+
+            if needs == "per_reward":
+                for row_idx, (i, ev) in enumerate(present, start=1):
+                    per_reward[j, i, :n] = score(logits[row_idx : row_idx + 1, :n], ev.placement)
+                    has_evidence[j, i] = True
+            elif needs == "joint" and present:
+                joint[j, :n] = score(logits[1:2, :n], "in_prompt")
+            elif needs == "entropy":
+                ent[j, :n] = entropy(base, None, chunk, temperature)[0].cpu()
+        return {"relevance": per_reward, "joint": joint, "entropy": ent, "has_evidence": has_evidence}
+
+    # --- the one real override -----------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        if not self.model.training or self._last_rewards is None:
+            return out  # evaluation keeps TRL's sequence-level advantages
+        device = out["advantages"].device
+        mask = out["completion_mask"].float().cpu()
+        if "tool_mask" in out:
+            mask = mask * out["tool_mask"].float().cpu()
+        b = mask.shape[0]
+        rows = slice(self.accelerator.process_index * b, (self.accelerator.process_index + 1) * b)
+
+        start = time.perf_counter()
+        maps = self._replay(inputs, out) if self.credit_method.needs != "none" else {}
+        self._timing["replay"] += time.perf_counter() - start
+
+        batch = CreditBatch(
+            rewards=self._last_rewards, group_size=self.num_generations, mask=mask,
+            relevance=maps.get("relevance"), joint_relevance=maps.get("joint"), entropy=maps.get("entropy"),
+            has_evidence=maps.get("has_evidence"), rows=rows,
+        )
+        advantages = self.credit_method(batch, self.credit_config)
+        self._trl_advantages = out["advantages"].detach().cpu()  # TRL's own (B,), kept for comparison
+        out["advantages"] = advantages.to(device)
+        self._log_credit(inputs, out, batch, maps, advantages)
+        return out
+
+    def _log_credit(self, inputs, out, batch: CreditBatch, maps: dict, advantages: Tensor) -> None:
+        """Per-reward credit metrics, and a few completions' token weights for the HTML view."""
+        metrics = self._metrics["train"]
+        weights = self.credit_method.weights(batch, self.credit_config)
+        lengths = batch.mask.sum(-1).long().tolist()
+        names = self.reward_func_names
+        top_sets: dict[int, list[set[int]]] = {i: [] for i in range(len(names))}
+        for i, name in enumerate(names):
+            shares, entropies, dists = [], [], []
+            for j, n in enumerate(lengths):
+                if n == 0:
+                    continue
+                w = weights[j, i, :n]
+                share, top = _top_share_and_set(w, n)
+                shares.append(share)
+                top_sets[i].append(top)
+                p = w / w.sum() if w.sum() > 0 else torch.full_like(w, 1.0 / n)
+                entropies.append(float(-(p * p.clamp_min(1e-12).log()).sum()) / max(math.log(n), 1e-9) if n > 1 else 1.0)
+                if maps.get("relevance") is not None and maps["has_evidence"][j, i]:
+                    dists.append(float(maps["relevance"][j, i, :n].mean()))
+            if shares:
+                metrics[f"credit/{name}/top10_share"].append(sum(shares) / len(shares))
+                metrics[f"credit/{name}/weight_entropy"].append(sum(entropies) / len(entropies))
+            if dists:
+                metrics[f"credit/{name}/relevance_mean"].append(sum(dists) / len(dists))
+        for a in range(len(names)):
+            for c in range(a + 1, len(names)):
+                pairs = [len(x & y) / len(x | y) for x, y in zip(top_sets[a], top_sets[c]) if x | y]
+                if pairs:
+                    metrics[f"credit/top10_overlap/{names[a]}~{names[c]}"].append(sum(pairs) / len(pairs))
+        if self.args.credit_samples and self.accelerator.is_main_process:
+            self._write_credit_samples(inputs, out, batch, weights, advantages, maps)
+
+    def _write_credit_samples(self, inputs, out, batch, weights, advantages, maps) -> None:
+        path = Path(self.args.output_dir) / "credit_samples.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        local_rewards = batch.local_rewards()
+        with path.open("a") as f:
+            for j in range(min(self.args.credit_samples, len(inputs))):
+                n = int(batch.mask[j].sum())
+                ids = out["completion_ids"][j, :n].tolist()
+                record = {
+                    "step": self.state.global_step, "example_id": str(inputs[j].get("example_id", "")),
+                    "method": self.args.method, "rewards": dict(zip(self.reward_func_names, [None if math.isnan(r) else r for r in local_rewards[j].tolist()])),
+                    "tokens": [self.processing_class.decode([i]) for i in ids],
+                    "weights": {name: weights[j, i, :n].tolist() for i, name in enumerate(self.reward_func_names)},
+                    "advantage": advantages[j, :n].tolist(),
+                }
+                if maps.get("relevance") is not None:
+                    record["relevance"] = {name: maps["relevance"][j, i, :n].tolist() for i, name in enumerate(self.reward_func_names)}
+                f.write(json.dumps(record) + "\n")
+
+
+__all__ = ["SEQUENCE_LEVEL_LOSSES", "MRTPOConfig", "MRTPOTrainer", "MetricsJSONL"]
