@@ -25,6 +25,12 @@ def long_enough(completions, **kwargs):
     return [float(len(c) >= 6) for c in completions]
 
 
+@evidence(lambda row: row["gold"], placement="privileged")
+def char_code(completions, **kwargs):
+    """Varies between almost any two random completions, so every group has a spread."""
+    return [float(sum(map(ord, c)) % 7) for c in completions]
+
+
 def plain_length(completions, **kwargs):
     return [len(c) / 10 for c in completions]
 
@@ -101,12 +107,13 @@ def test_mrtpo_training_step_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("method", ["grpo", "gdpo", "contrast", "entropy"])
 def test_baseline_methods_run(tmp_path, method):
-    trainer = make_trainer(tmp_path, [has_letter_e, long_enough], method=method, max_steps=1)
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code], method=method, max_steps=1)
     seen = record_batches(trainer)
     trainer.train()
     adv, mask = seen[0]["out"]["advantages"], seen[0]["out"]["completion_mask"].float()
     rows = mask.sum(1) > 0
     mean = (adv * mask).sum(1)[rows] / mask.sum(1)[rows]
+    assert mean.abs().max() > 0.1  # the batch carries a learning signal
     if method == "grpo":
         from mrtpo.credit import grpo_advantages
 
