@@ -8,7 +8,7 @@ from datasets import Dataset
 
 from mrtpo.credit import gdpo_advantages
 from mrtpo.replay import EvidenceNotFoundError
-from mrtpo.rewards import evidence
+from mrtpo.rewards import completion_text, evidence
 from mrtpo.testing import tiny_policy
 from mrtpo.trainer import MRTPOConfig, MRTPOTrainer
 
@@ -17,22 +17,22 @@ CONSTRAINT = "Use the letter e."
 
 @evidence("constraint", placement="in_prompt")
 def has_letter_e(completions, **kwargs):
-    return [float("e" in c) for c in completions]
+    return [float("e" in completion_text(c)) for c in completions]
 
 
 @evidence(lambda row: row["gold"], placement="privileged")
 def long_enough(completions, **kwargs):
-    return [float(len(c) >= 6) for c in completions]
+    return [float(len(completion_text(c)) >= 6) for c in completions]
 
 
 @evidence(lambda row: row["gold"], placement="privileged")
 def char_code(completions, **kwargs):
     """Varies between almost any two random completions, so every group has a spread."""
-    return [float(sum(map(ord, c)) % 7) for c in completions]
+    return [float(sum(map(ord, completion_text(c))) % 7) for c in completions]
 
 
 def plain_length(completions, **kwargs):
-    return [len(c) / 10 for c in completions]
+    return [len(completion_text(c)) / 10 for c in completions]
 
 
 def dataset(constraint=CONSTRAINT):
