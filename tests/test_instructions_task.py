@@ -110,6 +110,9 @@ def test_unverifiable_slot_is_none_and_missing_gold_is_an_error() -> None:
     ib = task.load("eval_ifbench")
     sv = next(e for e in ib if e.gold["constraints"][0]["id"] == "words:start_verb")
     assert task.verifiers()[0]("Write it now.", sv) is None
+    typo = _example([{**NO_COMMA, "id": "punctuation:no_commas"}])
+    with pytest.raises(KeyError, match="unknown ifeval instruction id"):
+        task.verifiers()[0]("x", typo)
     bare = Example(id="x", split="train", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(ValueError, match="gold\\['constraints'\\]"):
         task.verifiers()[0]("x", bare)
