@@ -104,3 +104,35 @@ def test_replay_names_the_verifier_when_evidence_is_missing(policy):
     with pytest.raises(EvidenceNotFoundError, match="'keyword'.*'ex-1'"):
         replay_completion(model, tok, example(), completion, [Evidence("not in prompt", "in_prompt")],
                           verifiers=["keyword"])
+
+
+def test_group_context_logits_match_plain_forwards(policy):
+    """Shared-prefix KV reuse + batched right-padded completions = one plain forward per pair."""
+    from mrtpo.replay import ForwardCounter, group_context_logits
+
+    model, tok = policy
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    contexts = [enc("The rules: be brief. Question: why?"), enc("The rules: Question: why?"),
+                enc("The rules: be brief. Question: why? Reference: 42")]
+    completions = [enc(" Because it rains."), enc(" No.")]
+    t = max(map(len, completions))
+    padded = torch.full((2, t), tok.pad_token_id)
+    for i, c in enumerate(completions):
+        padded[i, : len(c)] = torch.tensor(c)
+    counter = ForwardCounter()
+    got = dict(group_context_logits(model, contexts, padded, counter))
+    assert counter.calls == 1 + 2 * len(contexts)  # shared prefix once, then suffix + completions per context
+    for c_idx, ctx in enumerate(contexts):
+        for g, comp in enumerate(completions):
+            expected = completion_logits(model, torch.tensor(ctx), torch.tensor(comp))
+            torch.testing.assert_close(got[c_idx][g, : len(comp)], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_identical_contexts_give_identical_logits_through_the_cache_path(policy):
+    from mrtpo.replay import group_context_logits
+
+    model, tok = policy
+    ctx = tok("Same prompt twice.", add_special_tokens=False)["input_ids"]
+    comp = torch.tensor([tok(" an answer", add_special_tokens=False)["input_ids"]])
+    logits = dict(group_context_logits(model, [ctx, list(ctx)], comp))
+    assert torch.equal(logits[0], logits[1])

@@ -147,3 +147,22 @@ def test_config_validation_messages(tmp_path):
         config(tmp_path, lam=2.0)
     with pytest.raises(ValueError, match="needs rewards with evidence"):
         make_trainer(tmp_path, [plain_length])
+
+
+def test_trainer_relevance_matches_a_standalone_replay(tmp_path):
+    """The trainer's grouped, KV-shared replay gives the relevance of replaying the pair alone."""
+    from mrtpo.replay import replay_completion
+    from mrtpo.verifiers import Example
+
+    trainer = make_trainer(tmp_path, [has_letter_e, long_enough, plain_length], max_steps=1)
+    trainer.train()
+    sample = json.loads((tmp_path / "credit_samples.jsonl").read_text().splitlines()[0])
+    row = next(r for r in dataset() if r["example_id"] == sample["example_id"])
+    model, tok = tiny_policy(seed=0)  # the weights the first batch was replayed with
+    ids = sample["token_ids"]
+    assert len(ids) == len(sample["tokens"]) > 0
+    example = Example(id=row["example_id"], split="train", messages=row["prompt"])
+    result = replay_completion(model, tok, example, torch.tensor(ids),
+                               [has_letter_e.mrtpo_evidence.resolve(row), long_enough.mrtpo_evidence.resolve(row), None])
+    for k, name in enumerate(["has_letter_e", "long_enough"]):
+        torch.testing.assert_close(result.relevance[k], torch.tensor(sample["relevance"][name]), atol=1e-4, rtol=1e-3)

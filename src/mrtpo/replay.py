@@ -15,6 +15,8 @@ uses it is decided in :mod:`mrtpo.credit`.
 
 from __future__ import annotations
 
+import copy
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -126,6 +128,84 @@ def completion_logits(model: Any, prompt_ids: Tensor, completion_ids: Tensor) ->
     return out.logits[0, :-1]
 
 
+def _cache_keyword(model: Any) -> str:
+    """The forward keyword for a KV cache: ``cache`` in recent transformers, ``past_key_values`` before."""
+    inner = getattr(model, "module", model)
+    params = inspect.signature(inner.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _returned_cache(out: Any) -> Any:
+    cache = out.get("cache") if hasattr(out, "get") else None
+    return cache if cache is not None else out.past_key_values
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common prefix of all ``sequences``."""
+    shortest = min(len(s) for s in sequences)
+    for i in range(shortest):
+        token = sequences[0][i]
+        if any(s[i] != token for s in sequences[1:]):
+            return i
+    return shortest
+
+
+class ForwardCounter:
+    """Counts model forward calls (every rank must make the same number under FSDP / ZeRO-3)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+@torch.no_grad()
+def group_context_logits(
+    model: Any,
+    contexts: Sequence[Sequence[int]],
+    completions: Tensor,
+    counter: ForwardCounter | None = None,
+):
+    """For each context, the logits ``(G, T, V)`` predicting every token of ``G`` completions.
+
+    ``contexts``: token ids of the prompts (the original one and its counterfactuals);
+    ``completions``: ``(G, T)`` right-padded completion ids (padding never influences a valid
+    position: attention is causal). Yields ``(context_index, logits)`` one context at a time so
+    only one ``(G, T, V)`` tensor per context is alive.
+
+    Every context goes through the same path: the longest common prefix of all contexts is run
+    once and its KV cache reused; each context's own suffix (never empty) is run on a copy of
+    that cache; the cache is repeated for the ``G`` completions, which run in one batch. So
+    identical contexts give identical logits, and the shared prompt is paid once per group.
+    """
+    key = _cache_keyword(model)
+    counter = counter or ForwardCounter()
+    device = next(getattr(model, "module", model).parameters()).device
+    g, t = completions.shape
+    completions = completions.to(device)
+    prefix_len = max(0, min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1))
+    prefix_cache = None
+    if prefix_len > 0:
+        prefix = torch.tensor([list(contexts[0][:prefix_len])], dtype=torch.long, device=device)
+        prefix_cache = _returned_cache(model(input_ids=prefix, use_cache=True))
+        counter.calls += 1
+    for index, ctx in enumerate(contexts):
+        suffix = torch.tensor([list(ctx[prefix_len:])], dtype=torch.long, device=device)
+        cache = copy.deepcopy(prefix_cache) if prefix_cache is not None else None
+        kwargs = {key: cache} if cache is not None else {}
+        out = model(input_ids=suffix, use_cache=True, **kwargs)
+        counter.calls += 1
+        first = out.logits[:, -1:].float()  # predicts completion token 0
+        if t > 1:
+            cache = _returned_cache(out)
+            cache.batch_repeat_interleave(g)
+            attention = torch.ones(g, len(ctx) + t - 1, dtype=torch.long, device=device)
+            rest = model(input_ids=completions[:, :-1], attention_mask=attention, use_cache=True, **{key: cache})
+            counter.calls += 1
+            logits = torch.cat([first.expand(g, 1, -1), rest.logits.float()], dim=1)
+        else:
+            logits = first.expand(g, 1, -1)
+        yield index, logits
+
+
 @dataclass
 class ReplayResult:
     """Relevance of one completion. ``relevance`` ``(K, T)``: 0 rows where a reward has no evidence."""
@@ -155,52 +235,53 @@ def replay_completion(
 ) -> ReplayResult:
     """Replay one completion ``(T,)`` of ``example`` under each reward's counterfactual.
 
-    ``1 + K_e`` forwards (plus one for ``with_joint``). ``render`` turns an example into its prompt
+    ``1 + K_e`` contexts (plus one for ``with_joint``), through :func:`group_context_logits`. ``render`` turns an example into its prompt
     string (default :func:`default_render_prompt`); it must be the renderer used for generation.
     """
     render = render or (lambda ex: default_render_prompt(ex, tokenizer))
     names = list(verifiers) if verifiers is not None else [f"reward_{k}" for k in range(len(evidences))]
 
-    def ids_of(prompt: str) -> Tensor:
-        return torch.tensor(tokenizer(prompt, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    def ids_of(prompt: str) -> list[int]:
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     completion_ids = completion_ids.to(torch.long).cpu()
     t = completion_ids.numel()
-    base = completion_logits(model, ids_of(render(example)), completion_ids).unsqueeze(0)
-    token_ids = completion_ids.unsqueeze(0).to(base.device)
-
-    def counterfactual_logits(evs: list[Evidence], evs_names: list[str]) -> Tensor:
-        prompt = counterfactual_prompt(example, evs, render, header, verifiers=evs_names)
-        return completion_logits(model, ids_of(prompt), completion_ids).unsqueeze(0)
-
-    def score(with_ev: Tensor, without_ev: Tensor) -> Tensor:
-        return relevance_fn(kind, with_ev, without_ev, token_ids, None, chunk_size, temperature, top_k)[0]
-
-    rows, has = [], []
-    for ev, name in zip(evidences, names):
+    present = [(ev, n) for ev, n in zip(evidences, names) if ev is not None]
+    contexts = [ids_of(render(example))]
+    contexts += [ids_of(counterfactual_prompt(example, [ev], render, header, verifiers=[n])) for ev, n in present]
+    if with_joint and present:
+        contexts.append(ids_of(counterfactual_prompt(example, [e for e, _ in present], render, header,
+                                                     verifiers=[n for _, n in present])))
+    token_ids = completion_ids.unsqueeze(0)
+    maps: list[Tensor] = []
+    base = None
+    for index, logits in group_context_logits(model, contexts, token_ids):
+        if index == 0:
+            base = logits
+            continue
+        placement = present[index - 1][0].placement if index <= len(present) else "in_prompt"
+        with_ev, without_ev = (base, logits) if placement == "in_prompt" else (logits, base)
+        maps.append(relevance_fn(kind, with_ev, without_ev, token_ids.to(base.device), None, chunk_size,
+                                 temperature, top_k)[0].cpu())
+    rows, has, cursor = [], [], 0
+    for ev in evidences:
         has.append(ev is not None)
         if ev is None:
-            rows.append(torch.zeros(t, device=base.device))
-            continue
-        other = counterfactual_logits([ev], [name])
-        # in_prompt: the original prompt has the evidence; privileged: the counterfactual has it.
-        rows.append(score(base, other) if ev.placement == "in_prompt" else score(other, base))
-    present = [(ev, n) for ev, n in zip(evidences, names) if ev is not None]
-    joint = None
-    if with_joint and present:
-        joint = score(base, counterfactual_logits([e for e, _ in present], [n for _, n in present]))
-    ent = entropy_map(base, None, chunk_size, temperature)[0] if with_entropy else None
+            rows.append(torch.zeros(t))
+        else:
+            rows.append(maps[cursor])
+            cursor += 1
+    joint = maps[cursor] if with_joint and present else None
+    ent = entropy_map(base, None, chunk_size, temperature)[0].cpu() if with_entropy else None
     relevance = torch.stack(rows) if rows else torch.zeros(0, t)
-    return ReplayResult(
-        relevance=relevance.float().cpu(),
-        has_evidence=has,
-        joint=None if joint is None else joint.cpu(),
-        entropy=None if ent is None else ent.cpu(),
-    )
+    return ReplayResult(relevance=relevance.float(), has_evidence=has, joint=joint, entropy=ent)
 
 
 __all__ = [
     "DEFAULT_PRIVILEGED_HEADER",
+    "ForwardCounter",
+    "common_prefix_length",
+    "group_context_logits",
     "EvidenceNotFoundError",
     "ReplayResult",
     "append_privileged",

@@ -8,7 +8,8 @@ differs from GRPOTrainer, and nothing else:
    TRL's ``(B,)`` advantages by the ``(B, T)`` advantages of ``args.method`` (a name from
    :mod:`mrtpo.credit`'s registry), running exactly the evidence replays that method needs.
    Group and batch statistics come from the gathered global rewards; each process replays only
-   its own completions, one forward call per completion, so all ranks stay in lockstep.
+   its own completions (a group's shared prompt encoded once per context, its KV cache reused),
+   then pads its forward-call count to the global maximum so all ranks stay in lockstep.
 3. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
    update, and a callback writes every log line to ``<output_dir>/metrics.jsonl``.
 
@@ -39,7 +40,13 @@ from mrtpo.credit import (
     get_method,
     relevance,
 )
-from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, append_privileged, remove_span
+from mrtpo.replay import (
+    DEFAULT_PRIVILEGED_HEADER,
+    ForwardCounter,
+    append_privileged,
+    group_context_logits,
+    remove_span,
+)
 from mrtpo.rewards import declares_evidence, evidence_for
 from mrtpo.verifiers import Evidence
 
@@ -215,31 +222,28 @@ class MRTPOTrainer(GRPOTrainer):
                 text = remove_span(text, ev.text, verifier=name, example_id=example_id)
         return text
 
-    @torch.no_grad()
-    def _forward_rows(self, rows: list[list[int]], completion: Tensor) -> Tensor:
-        """Logits ``(R, T, V)`` for ``completion`` ``(T,)`` after each context in ``rows``.
-
-        One left-padded forward call with explicit position ids; the completion occupies the last
-        ``T`` positions of every row, so ``logits_to_keep = T + 1`` minus the last one aligns.
-        """
-        device = self.accelerator.device
-        t = completion.numel()
-        seqs = [torch.tensor(r, dtype=torch.long) for r in rows]
-        length = max(s.numel() for s in seqs) + t
-        pad_id = self.processing_class.pad_token_id or 0
-        ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), length), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            full = torch.cat([s, completion.cpu()])
-            ids[i, length - full.numel():] = full
-            attn[i, length - full.numel():] = 1
-        position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
-        out = self.model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=position_ids.to(device),
-                         logits_to_keep=t + 1, use_cache=False)
-        return out.logits[:, :-1].float() if out.logits.dtype != torch.float32 else out.logits[:, :-1]
+    def _contexts(self, row: dict, base_ids: list[int], evidences: list[Evidence | None]) -> list[list[int]]:
+        """Token ids of the contexts the method replays: the original prompt, then its counterfactuals."""
+        prompt, example_id = row["prompt"], str(row.get("example_id", "?"))
+        present = [(i, ev) for i, ev in enumerate(evidences) if ev is not None]
+        contexts = [base_ids]
+        if self.credit_method.needs == "per_reward":
+            for i, ev in present:
+                text = self._counterfactual(prompt, [ev], [self.reward_func_names[i]], example_id)
+                contexts.append(self._tokenize(prompt, text))
+        elif self.credit_method.needs == "joint" and present:
+            names = [self.reward_func_names[i] for i, _ in present]
+            contexts.append(self._tokenize(prompt, self._counterfactual(prompt, [ev for _, ev in present], names, example_id)))
+        return contexts
 
     def _replay(self, inputs: list[dict], out: dict) -> dict[str, Tensor | None]:
-        """Relevance maps for this process's completions, as the credit method needs them."""
+        """Relevance maps for this process's completions, as the credit method needs them.
+
+        Completions of the same prompt are replayed together (:func:`group_context_logits`): each
+        context's prompt is encoded once per group, its KV cache shared by the group's completions.
+        Afterwards every rank pads its number of forward calls to the global maximum, so sharded
+        models (FSDP, ZeRO-3) and DDP stay in lockstep.
+        """
         needs = self.credit_method.needs
         b, t_max = out["completion_ids"].shape
         k = len(self.reward_funcs)
@@ -247,45 +251,57 @@ class MRTPOTrainer(GRPOTrainer):
         joint = torch.zeros(b, t_max) if needs == "joint" else None
         ent = torch.zeros(b, t_max) if needs == "entropy" else None
         has_evidence = torch.zeros(b, k, dtype=torch.bool)
-        lengths = out["completion_mask"].sum(-1).tolist()
-        temperature = self.temperature
-        chunk, top_k, kind = self.args.relevance_chunk_size, self.args.relevance_top_k, self.args.relevance
+        lengths = out["completion_mask"].sum(-1).long().cpu()
+        chunk, top_k, kind, temperature = (self.args.relevance_chunk_size, self.args.relevance_top_k,
+                                           self.args.relevance, self.temperature)
+        groups: dict[tuple, list[int]] = {}
         for j, row in enumerate(inputs):
-            prompt = row["prompt"]
-            example_id = str(row.get("example_id", j))
-            completion = out["completion_ids"][j, : int(lengths[j])].cpu()
-            if completion.numel() == 0:
-                completion = out["completion_ids"][j, :1].cpu()  # keep every rank's call count equal
-            base_ids = out["prompt_ids"][j][out["prompt_mask"][j].bool()].tolist()
+            base_ids = tuple(out["prompt_ids"][j][out["prompt_mask"][j].bool()].tolist())
+            groups.setdefault((str(row.get("example_id", j)), base_ids), []).append(j)
+        counter = ForwardCounter()
+        for (_, base_ids), members in groups.items():
+            row = inputs[members[0]]
             evidences = [evidence_for(f, row) if has else None for f, has in zip(self.reward_funcs, self._with_evidence)]
             present = [(i, ev) for i, ev in enumerate(evidences) if ev is not None]
-            contexts = [base_ids]
-            if needs == "per_reward":
-                for i, ev in present:
-                    contexts.append(self._tokenize(prompt, self._counterfactual(prompt, [ev], [self.reward_func_names[i]], example_id)))
-            elif needs == "joint" and present:
-                names = [self.reward_func_names[i] for i, _ in present]
-                contexts.append(self._tokenize(prompt, self._counterfactual(prompt, [ev for _, ev in present], names, example_id)))
-            logits = self._forward_rows(contexts, completion)
-            n = int(lengths[j])
+            contexts = self._contexts(row, list(base_ids), evidences)
+            idx = torch.tensor(members)
+            n = int(lengths[idx].max().item())
             if n == 0:
                 continue
-            token_ids = completion.view(1, -1).to(logits.device)
-            base = logits[:1, :n]
-
-            def score(other: Tensor, placement: str) -> Tensor:
-                with_ev, without_ev = (base, other) if placement == "in_prompt" else (other, base)
-                return relevance(kind, with_ev, without_ev, token_ids[:, :n], None, chunk, temperature, top_k)[0].cpu()
-
-            if needs == "per_reward":
-                for row_idx, (i, ev) in enumerate(present, start=1):
-                    per_reward[j, i, :n] = score(logits[row_idx : row_idx + 1, :n], ev.placement)
-                    has_evidence[j, i] = True
-            elif needs == "joint" and present:
-                joint[j, :n] = score(logits[1:2, :n], "in_prompt")
-            elif needs == "entropy":
-                ent[j, :n] = entropy(base, None, chunk, temperature)[0].cpu()
+            completions = out["completion_ids"][idx, :n].cpu()
+            mask = torch.arange(n).unsqueeze(0) < lengths[idx].unsqueeze(1)
+            base = None
+            for c_idx, logits in group_context_logits(self.model, contexts, completions, counter):
+                if c_idx == 0:
+                    base = logits
+                    if needs == "entropy":
+                        ent[idx, :n] = entropy(base, mask.to(base.device), chunk, temperature).cpu()
+                    continue
+                placement = present[c_idx - 1][1].placement if needs == "per_reward" else "in_prompt"
+                with_ev, without_ev = (base, logits) if placement == "in_prompt" else (logits, base)
+                rel = relevance(kind, with_ev, without_ev, completions.to(base.device), mask.to(base.device),
+                                chunk, temperature, top_k).cpu()
+                if needs == "per_reward":
+                    reward_index = present[c_idx - 1][0]
+                    per_reward[idx, reward_index, :n] = rel
+                    has_evidence[idx, reward_index] = True
+                else:
+                    joint[idx, :n] = rel
+        self._match_forward_calls(counter.calls)
         return {"relevance": per_reward, "joint": joint, "entropy": ent, "has_evidence": has_evidence}
+
+    @torch.no_grad()
+    def _match_forward_calls(self, calls: int) -> None:
+        """Pad this rank's replay forward calls to the maximum over ranks (one-token dummy calls)."""
+        self.replay_forward_calls = calls
+        if self.accelerator.num_processes == 1:
+            return
+        counts = self.accelerator.gather(torch.tensor([calls], device=self.accelerator.device))
+        target = int(counts.max().item())
+        dummy = torch.tensor([[self.processing_class.pad_token_id or 0]], device=self.accelerator.device)
+        for _ in range(target - calls):
+            self.model(input_ids=dummy, use_cache=False)
+        self.replay_forward_calls = target
 
     # --- the one real override -----------------------------------------------------------------
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -358,6 +374,7 @@ class MRTPOTrainer(GRPOTrainer):
                 record = {
                     "step": self.state.global_step, "example_id": str(inputs[j].get("example_id", "")),
                     "method": self.args.method, "rewards": dict(zip(self.reward_func_names, [None if math.isnan(r) else r for r in local_rewards[j].tolist()])),
+                    "token_ids": ids,
                     "tokens": [self.processing_class.decode([i]) for i in ids],
                     "weights": {name: weights[j, i, :n].tolist() for i, name in enumerate(self.reward_func_names)},
                     "advantage": advantages[j, :n].tolist(),
