@@ -207,6 +207,55 @@ def group_context_logits(
 
 
 @dataclass
+class GroupRelevance:
+    """Relevance of one prompt group. ``maps``: ``(C − 1, G, T)``, one per counterfactual context
+    (0 on padding); ``entropy``: ``(G, T)`` of the original context when asked for."""
+
+    maps: Tensor
+    entropy: Tensor | None = None
+
+
+def group_relevance(
+    model: Any,
+    contexts: Sequence[Sequence[int]],
+    placements: Sequence[str],
+    completions: Tensor,
+    lengths: Tensor,
+    *,
+    kind: str = "js",
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    top_k: int | None = None,
+    with_entropy: bool = False,
+    counter: ForwardCounter | None = None,
+) -> GroupRelevance:
+    """Relevance of each counterfactual ``contexts[1:]`` against the original ``contexts[0]``.
+
+    ``placements[i]`` says which side of counterfactual ``i`` carries the evidence
+    (``in_prompt``: the original; ``privileged``: the counterfactual), which matters for ``kl``.
+    ``completions``: ``(G, T)`` right-padded ids of the group's completions, ``lengths``: ``(G,)``.
+    """
+    if len(placements) != len(contexts) - 1:
+        raise ValueError(f"need one placement per counterfactual: {len(contexts) - 1}, got {len(placements)}")
+    g, t = completions.shape
+    mask = torch.arange(t).unsqueeze(0) < lengths.cpu().view(-1, 1)
+    maps = torch.zeros(len(contexts) - 1, g, t)
+    ent = None
+    base = None
+    for index, logits in group_context_logits(model, contexts, completions, counter):
+        device_mask = mask.to(logits.device)
+        if index == 0:
+            base = logits
+            if with_entropy:
+                ent = entropy_map(base, device_mask, chunk_size, temperature).cpu()
+            continue
+        with_ev, without_ev = (base, logits) if placements[index - 1] == "in_prompt" else (logits, base)
+        maps[index - 1] = relevance_fn(kind, with_ev, without_ev, completions.to(logits.device), device_mask,
+                                       chunk_size, temperature, top_k).cpu()
+    return GroupRelevance(maps=maps, entropy=ent)
+
+
+@dataclass
 class ReplayResult:
     """Relevance of one completion. ``relevance`` ``(K, T)``: 0 rows where a reward has no evidence."""
 
@@ -252,17 +301,10 @@ def replay_completion(
     if with_joint and present:
         contexts.append(ids_of(counterfactual_prompt(example, [e for e, _ in present], render, header,
                                                      verifiers=[n for _, n in present])))
-    token_ids = completion_ids.unsqueeze(0)
-    maps: list[Tensor] = []
-    base = None
-    for index, logits in group_context_logits(model, contexts, token_ids):
-        if index == 0:
-            base = logits
-            continue
-        placement = present[index - 1][0].placement if index <= len(present) else "in_prompt"
-        with_ev, without_ev = (base, logits) if placement == "in_prompt" else (logits, base)
-        maps.append(relevance_fn(kind, with_ev, without_ev, token_ids.to(base.device), None, chunk_size,
-                                 temperature, top_k)[0].cpu())
+    placements = [ev.placement for ev, _ in present] + (["in_prompt"] if len(contexts) > len(present) + 1 else [])
+    group = group_relevance(model, contexts, placements, completion_ids.unsqueeze(0), torch.tensor([t]), kind=kind,
+                            temperature=temperature, chunk_size=chunk_size, top_k=top_k, with_entropy=with_entropy)
+    maps = [m[0] for m in group.maps]
     rows, has, cursor = [], [], 0
     for ev in evidences:
         has.append(ev is not None)
@@ -272,7 +314,7 @@ def replay_completion(
             rows.append(maps[cursor])
             cursor += 1
     joint = maps[cursor] if with_joint and present else None
-    ent = entropy_map(base, None, chunk_size, temperature)[0].cpu() if with_entropy else None
+    ent = group.entropy[0] if group.entropy is not None else None
     relevance = torch.stack(rows) if rows else torch.zeros(0, t)
     return ReplayResult(relevance=relevance.float(), has_evidence=has, joint=joint, entropy=ent)
 
@@ -280,6 +322,8 @@ def replay_completion(
 __all__ = [
     "DEFAULT_PRIVILEGED_HEADER",
     "ForwardCounter",
+    "GroupRelevance",
+    "group_relevance",
     "common_prefix_length",
     "group_context_logits",
     "EvidenceNotFoundError",

@@ -36,15 +36,13 @@ from mrtpo.credit import (
     CreditBatch,
     CreditConfig,
     available_methods,
-    entropy,
     get_method,
-    relevance,
 )
 from mrtpo.replay import (
     DEFAULT_PRIVILEGED_HEADER,
     ForwardCounter,
     append_privileged,
-    group_context_logits,
+    group_relevance,
     remove_span,
 )
 from mrtpo.rewards import declares_evidence, evidence_for
@@ -239,7 +237,7 @@ class MRTPOTrainer(GRPOTrainer):
     def _replay(self, inputs: list[dict], out: dict) -> dict[str, Tensor | None]:
         """Relevance maps for this process's completions, as the credit method needs them.
 
-        Completions of the same prompt are replayed together (:func:`group_context_logits`): each
+        Completions of the same prompt are replayed together (:func:`group_relevance`): each
         context's prompt is encoded once per group, its KV cache shared by the group's completions.
         Afterwards every rank pads its number of forward calls to the global maximum, so sharded
         models (FSDP, ZeRO-3) and DDP stay in lockstep.
@@ -269,24 +267,18 @@ class MRTPOTrainer(GRPOTrainer):
             if n == 0:
                 continue
             completions = out["completion_ids"][idx, :n].cpu()
-            mask = torch.arange(n).unsqueeze(0) < lengths[idx].unsqueeze(1)
-            base = None
-            for c_idx, logits in group_context_logits(self.model, contexts, completions, counter):
-                if c_idx == 0:
-                    base = logits
-                    if needs == "entropy":
-                        ent[idx, :n] = entropy(base, mask.to(base.device), chunk, temperature).cpu()
-                    continue
-                placement = present[c_idx - 1][1].placement if needs == "per_reward" else "in_prompt"
-                with_ev, without_ev = (base, logits) if placement == "in_prompt" else (logits, base)
-                rel = relevance(kind, with_ev, without_ev, completions.to(base.device), mask.to(base.device),
-                                chunk, temperature, top_k).cpu()
-                if needs == "per_reward":
-                    reward_index = present[c_idx - 1][0]
-                    per_reward[idx, reward_index, :n] = rel
+            placements = [ev.placement for _, ev in present] if needs == "per_reward" else ["in_prompt"] * (len(contexts) - 1)
+            group = group_relevance(self.model, contexts, placements, completions, lengths[idx], kind=kind,
+                                    temperature=temperature, chunk_size=chunk, top_k=top_k,
+                                    with_entropy=needs == "entropy", counter=counter)
+            if needs == "entropy":
+                ent[idx, :n] = group.entropy
+            elif needs == "joint" and len(contexts) > 1:
+                joint[idx, :n] = group.maps[0]
+            elif needs == "per_reward":
+                for c_idx, (reward_index, _) in enumerate(present):
+                    per_reward[idx, reward_index, :n] = group.maps[c_idx]
                     has_evidence[idx, reward_index] = True
-                else:
-                    joint[idx, :n] = rel
         self._match_forward_calls(counter.calls)
         return {"relevance": per_reward, "joint": joint, "entropy": ent, "has_evidence": has_evidence}
 
