@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance"}
+BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost"}
 
 
 def main(argv: list[str]) -> int:

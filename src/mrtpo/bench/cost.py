@@ -1,0 +1,230 @@
+"""``mrtpo bench cost``: what one training step costs per credit method, on the same batch.
+
+One batch is generated once (sampling, fixed seed) and scored once; then, for every method, the
+replays it needs run on that same batch, followed by one policy-gradient update (token-level
+surrogate at ratio 1, forward + backward + optimizer step, on a fresh copy of the weights so
+every method starts from the same policy). Reported per method: generation / scoring / replay /
+update seconds, the replay's forward calls and tokens, and two floors for the replay:
+
+- ``naive floor``: one plain no-grad forward over every (context, completion) sequence, i.e.
+  what a replay without prefix sharing must at least spend;
+- ``unique-token floor``: plain forwards over only the tokens the shared-prefix replay feeds
+  the model (common prefix once, each context's suffix, each completion once per context),
+  each piece run on its own (so attention to the cached prefix is not counted: a lower bound).
+
+Printed and written as JSON (``runs/bench/cost.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mrtpo.credit import CreditBatch, CreditConfig, available_methods, get_method
+from mrtpo.replay import (
+    DEFAULT_PRIVILEGED_HEADER,
+    ForwardCounter,
+    common_prefix_length,
+    counterfactual_prompt,
+    group_relevance,
+    prompt_renderer,
+)
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="mrtpo bench cost", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf or hub id")
+    p.add_argument("--task", default="sql", help="task whose train prompts make the batch")
+    p.add_argument("--prompts", type=int, default=2, help="prompts in the batch")
+    p.add_argument("--group-size", type=int, default=4, help="completions per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="completion length cap")
+    p.add_argument("--methods", default=",".join(["grpo", "gdpo", "mrtpo", "contrast", "entropy"]))
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="policy dtype")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("runs/bench/cost.json"))
+    return p.parse_args(argv)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+@torch.no_grad()
+def _plain_forward_seconds(model, sequences: list[tuple[list[int], int]]) -> tuple[float, int]:
+    """Seconds for a plain no-grad forward of each ``(sequence, logits_to_keep)`` (batch 1)."""
+    start = time.perf_counter()
+    tokens = 0
+    for seq, keep in sequences:
+        model(input_ids=torch.tensor([seq]), logits_to_keep=keep, use_cache=False)
+        tokens += len(seq)
+    return time.perf_counter() - start, tokens
+
+
+def _contexts(needs, example, evidences, names, render, tokenize):
+    present = [(ev, n) for ev, n in zip(evidences, names) if ev is not None]
+    contexts = [tokenize(render(example))]
+    placements: list[str] = []
+    if needs == "per_reward":
+        for ev, n in present:
+            contexts.append(tokenize(counterfactual_prompt(example, [ev], render, DEFAULT_PRIVILEGED_HEADER, verifiers=[n])))
+            placements.append(ev.placement)
+    elif needs == "joint" and present:
+        contexts.append(tokenize(counterfactual_prompt(example, [e for e, _ in present], render,
+                                                       DEFAULT_PRIVILEGED_HEADER, verifiers=[n for _, n in present])))
+        placements.append("in_prompt")
+    return contexts, placements, present
+
+
+def _update(model, prompt_ids, completions, mask, advantages, lr=1e-6):
+    """One token-level policy-gradient step: forward + backward + SGD step (ratio 1, no clipping)."""
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for p_ids, comp, m, adv in zip(prompt_ids, completions, mask, advantages):
+        n = int(m.sum())
+        if n == 0:
+            continue
+        ids = torch.tensor([p_ids + comp[:n].tolist()])
+        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, comp[:n].view(-1, 1)).squeeze(-1)
+        loss = -(adv[:n] * logp).sum() / mask.sum()
+        loss.backward()
+        losses.append(loss.item())
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    model.eval()
+    return sum(losses)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from mrtpo.models import load_policy
+    from mrtpo.tasks import get_task
+
+    torch.manual_seed(args.seed)
+    dtype = getattr(torch, args.dtype)
+    model, tok = load_policy(args.model, dtype=dtype)
+    model.eval()
+    task = get_task(args.task)
+    verifiers = task.verifiers()
+    names = [v.name for v in verifiers]
+    render = prompt_renderer(task, tok)
+    examples = task.load("train", limit=args.prompts)
+
+    def tokenize(text):
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    # 1. generation (once) and scoring (once)
+    gen_start = time.perf_counter()
+    batch = []
+    for ex in examples:
+        p_ids = tokenize(render(ex))
+        out = model.generate(torch.tensor([p_ids] * args.group_size), attention_mask=torch.ones(args.group_size, len(p_ids), dtype=torch.long),
+                             do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
+                             pad_token_id=tok.pad_token_id)
+        comps = out[:, len(p_ids):]
+        stop = {tok.eos_token_id, tok.pad_token_id}
+        lengths = []
+        for row in comps.tolist():
+            n = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+            lengths.append(n)
+        batch.append((ex, p_ids, comps, torch.tensor(lengths)))
+    generation_s = time.perf_counter() - gen_start
+    texts = [[tok.decode(c[:n], skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())] for _, _, comps, lengths in batch]
+    rewards, scoring_s = _timed(lambda: torch.tensor([[float("nan") if (r := v(t, ex)) is None else float(r) for v in verifiers]
+                                                      for (ex, *_), ts in zip(batch, texts) for t in ts]))
+    t_max = max(int(lengths.max()) for *_, lengths in batch)
+    n_rows = args.prompts * args.group_size
+    mask = torch.zeros(n_rows, t_max)
+    completions = torch.full((n_rows, t_max), tok.pad_token_id, dtype=torch.long)
+    prompt_ids = []
+    for g, (_, p_ids, comps, lengths) in enumerate(batch):
+        for i in range(args.group_size):
+            j = g * args.group_size + i
+            n = min(comps.shape[1], t_max)
+            completions[j, :n] = comps[i, :n]
+            mask[j, : int(lengths[i])] = 1
+            prompt_ids.append(p_ids)
+    initial_state = copy.deepcopy(model.state_dict())
+
+    rows = []
+    for method_name in args.methods.split(","):
+        method = get_method(method_name)
+        model.load_state_dict(initial_state)
+        counter = ForwardCounter()
+        relevance = torch.zeros(n_rows, len(verifiers), t_max) if method.needs == "per_reward" else None
+        joint = torch.zeros(n_rows, t_max) if method.needs == "joint" else None
+        ent = torch.zeros(n_rows, t_max) if method.needs == "entropy" else None
+        has = torch.zeros(n_rows, len(verifiers), dtype=torch.bool)
+        naive, unique = [], []
+        replay_start = time.perf_counter()
+        if method.needs != "none":
+            for g, (ex, _, comps, lengths) in enumerate(batch):
+                evidences = [v.evidence(ex) for v in verifiers]
+                contexts, placements, present = _contexts(method.needs, ex, evidences, names, render, tokenize)
+                n = int(lengths.max())
+                sl = slice(g * args.group_size, (g + 1) * args.group_size)
+                result = group_relevance(model, contexts, placements, comps[:, :n], lengths, temperature=1.0,
+                                         with_entropy=method.needs == "entropy", counter=counter)
+                if method.needs == "entropy":
+                    ent[sl, :n] = result.entropy
+                elif method.needs == "joint" and len(contexts) > 1:
+                    joint[sl, :n] = result.maps[0]
+                elif method.needs == "per_reward":
+                    for c_idx, k in enumerate([names.index(nm) for _, nm in present]):
+                        relevance[sl, k, :n] = result.maps[c_idx]
+                        has[sl, k] = True
+                comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
+                naive += [(list(ctx) + c, len(c) + 1) for ctx in contexts for c in comp_lists]
+                prefix = max(0, min(common_prefix_length(contexts), min(map(len, contexts)) - 1))
+                if prefix:
+                    unique.append((list(contexts[0][:prefix]), 1))
+                for ctx in contexts:  # each context: its own suffix once, then every completion once
+                    unique.append((list(ctx[prefix:]), 1))
+                    unique += [(c, len(c)) for c in comp_lists]
+        replay_s = time.perf_counter() - replay_start
+        credit = CreditBatch(rewards, args.group_size, mask, relevance=relevance, has_evidence=has if relevance is not None else None,
+                             joint_relevance=joint, entropy=ent)
+        advantages = method(credit, CreditConfig())
+        _, update_s = _timed(lambda: _update(model, prompt_ids, completions, mask, advantages))
+        row = {"method": method_name, "needs": method.needs, "generation_s": generation_s, "scoring_s": scoring_s,
+               "replay_s": replay_s, "update_s": update_s, "replay_forward_calls": counter.calls}
+        if naive:
+            naive_s, naive_tokens = _plain_forward_seconds(model, naive)
+            unique_s, unique_tokens = _plain_forward_seconds(model, [u for u in unique if u[0]])
+            row.update({"naive_floor_s": naive_s, "naive_tokens": naive_tokens, "unique_floor_s": unique_s,
+                        "unique_tokens": unique_tokens, "replay_tokens_per_s": naive_tokens / replay_s,
+                        "naive_floor_tokens_per_s": naive_tokens / naive_s})
+        rows.append(row)
+        print(f"[{method_name}] replay {replay_s:.2f}s update {update_s:.2f}s", file=sys.stderr, flush=True)
+
+    header = f"{'method':>9} {'gen s':>7} {'score s':>8} {'replay s':>9} {'update s':>9} {'calls':>6} {'naive floor s':>14} {'unique floor s':>15}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['method']:>9} {r['generation_s']:>7.1f} {r['scoring_s']:>8.2f} {r['replay_s']:>9.2f} {r['update_s']:>9.2f} "
+              f"{r['replay_forward_calls']:>6} {r.get('naive_floor_s', float('nan')):>14.2f} {r.get('unique_floor_s', float('nan')):>15.2f}")
+    result = {"benchmark": "cost of one training step per method (same batch)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                          "threads": torch.get_num_threads()},
+              "command": "mrtpo bench cost " + " ".join(argv or []), "settings": {k: str(v) for k, v in vars(args).items()},
+              "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Benchmarks run end to end on tiny inputs (their figures come from real runs, not from tests)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from mrtpo.testing import tiny_policy
+
+    model, tok = tiny_policy(seed=0)
+    path = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path):
+    out = tmp_path / "cost.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "mrtpo.cli", "bench", "cost", "--model", str(tiny_model_dir), "--task", "sql",
+         "--prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"grpo", "gdpo", "mrtpo", "contrast", "entropy"}
+    # sql: format and executes (in_prompt) and result (privileged) all have evidence.
+    # Per group: shared prefix once, then a suffix call and a completion call per context.
+    assert rows["grpo"]["replay_forward_calls"] == rows["gdpo"]["replay_forward_calls"] == 0
+    assert rows["mrtpo"]["replay_forward_calls"] == 1 + 2 * (1 + 3)
+    assert rows["contrast"]["replay_forward_calls"] == 1 + 2 * 2
+    assert rows["entropy"]["replay_forward_calls"] == 1 + 2 * 1
+    assert rows["mrtpo"]["naive_tokens"] > rows["mrtpo"]["unique_tokens"] > 0
+    for r in rows.values():
+        assert r["update_s"] > 0 and r["generation_s"] > 0
