@@ -323,35 +323,44 @@ class MRTPOTrainer(GRPOTrainer):
         return out
 
     def _log_credit(self, inputs, out, batch: CreditBatch, maps: dict, advantages: Tensor) -> None:
-        """Per-reward credit metrics, and a few completions' token weights for the HTML view."""
-        metrics = self._metrics["train"]
+        """Per-reward credit metrics over the global batch, and a few completions' token weights.
+
+        Each rank sums its completions' values; one gather of the ``(sum, count)`` pairs (same keys
+        in the same order on every rank) turns them into global means.
+        """
         weights = self.credit_method.weights(batch, self.credit_config)
         lengths = batch.mask.sum(-1).long().tolist()
         names = self.reward_func_names
-        top_sets: dict[int, list[set[int]]] = {i: [] for i in range(len(names))}
-        for i, name in enumerate(names):
-            shares, entropies, dists = [], [], []
-            for j, n in enumerate(lengths):
-                if n == 0:
-                    continue
+        keys = [f"credit/{n}/{m}" for n in names for m in ("top10_share", "weight_entropy", "relevance_mean")]
+        keys += [f"credit/top10_overlap/{names[a]}~{names[c]}" for a in range(len(names)) for c in range(a + 1, len(names))]
+        totals = {key: [0.0, 0.0] for key in keys}
+
+        def add(key: str, value: float) -> None:
+            totals[key][0] += value
+            totals[key][1] += 1
+
+        for j, n in enumerate(lengths):
+            if n == 0:
+                continue
+            tops = []
+            for i, name in enumerate(names):
                 w = weights[j, i, :n]
                 share, top = _top_share_and_set(w, n)
-                shares.append(share)
-                top_sets[i].append(top)
+                tops.append(top)
+                add(f"credit/{name}/top10_share", share)
                 p = w / w.sum() if w.sum() > 0 else torch.full_like(w, 1.0 / n)
-                entropies.append(float(-(p * p.clamp_min(1e-12).log()).sum()) / max(math.log(n), 1e-9) if n > 1 else 1.0)
+                add(f"credit/{name}/weight_entropy",
+                    float(-(p * p.clamp_min(1e-12).log()).sum()) / math.log(n) if n > 1 else 1.0)
                 if maps.get("relevance") is not None and maps["has_evidence"][j, i]:
-                    dists.append(float(maps["relevance"][j, i, :n].mean()))
-            if shares:
-                metrics[f"credit/{name}/top10_share"].append(sum(shares) / len(shares))
-                metrics[f"credit/{name}/weight_entropy"].append(sum(entropies) / len(entropies))
-            if dists:
-                metrics[f"credit/{name}/relevance_mean"].append(sum(dists) / len(dists))
-        for a in range(len(names)):
-            for c in range(a + 1, len(names)):
-                pairs = [len(x & y) / len(x | y) for x, y in zip(top_sets[a], top_sets[c]) if x | y]
-                if pairs:
-                    metrics[f"credit/top10_overlap/{names[a]}~{names[c]}"].append(sum(pairs) / len(pairs))
+                    add(f"credit/{name}/relevance_mean", float(maps["relevance"][j, i, :n].mean()))
+            for a in range(len(names)):
+                for c in range(a + 1, len(names)):
+                    add(f"credit/top10_overlap/{names[a]}~{names[c]}", len(tops[a] & tops[c]) / len(tops[a] | tops[c]))
+        local = torch.tensor([totals[key] for key in keys], dtype=torch.float64, device=self.accelerator.device)
+        summed = self.accelerator.gather(local).view(-1, len(keys), 2).sum(0).cpu()
+        for key, (total, count) in zip(keys, summed.tolist()):
+            if count > 0:
+                self._metrics["train"][key].append(total / count)
         if self.args.credit_samples and self.accelerator.is_main_process:
             self._write_credit_samples(inputs, out, batch, weights, advantages, maps)
 
