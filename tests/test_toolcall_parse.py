@@ -153,7 +153,8 @@ def test_module_never_calls_eval_exec_or_compile():
 
     import mrtpo.tasks.toolcall.parse as mod
 
-    tree = ast.parse(open(mod.__file__, encoding="utf-8").read())
+    with open(mod.__file__, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
     called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert not called & {"eval", "exec", "compile", "__import__"}
     assert "literal_eval" in {n.func.attr for n in ast.walk(tree)

@@ -30,7 +30,12 @@ from mrtpo.tasks.toolcall.data import (
 )
 from mrtpo.tasks.toolcall.evaluate import check_item, evaluate_outputs
 from mrtpo.tasks.toolcall.parse import ParseResult, ToolCall, parse_completion
-from mrtpo.tasks.toolcall.prompt import FORMAT_INSTRUCTION, build_messages, render_prompt, with_python_hint
+from mrtpo.tasks.toolcall.prompt import (
+    FORMAT_INSTRUCTION,
+    build_messages,
+    render_prompt,
+    with_python_hint,
+)
 from mrtpo.tasks.toolcall.verifiers import (
     CorrectnessVerifier,
     FormatVerifier,

@@ -23,10 +23,11 @@ import importlib
 import importlib.util
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 BFCL_REQUIREMENT = "bfcl-eval==2026.3.23"
 # The model name passed to BFCL's checker; only its ``underscore_to_dot`` flag is ever read.
@@ -115,8 +116,8 @@ def load_ast_checker() -> Checker:
 
 __all__ = [
     "BFCL_REQUIREMENT",
-    "BFCLUnavailable",
     "CHECKER_MODEL_NAME",
+    "BFCLUnavailable",
     "Checker",
     "data_dir",
     "load_ast_checker",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from mrtpo.tasks.toolcall.bfcl_shim import data_dir
@@ -79,7 +79,7 @@ def _read_jsonl(path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_category_cached(category: str) -> tuple[dict[str, Any], ...]:
     folder = data_dir()
     entries = _read_jsonl(folder / f"{VERSION_PREFIX}_{category}.json")

@@ -58,7 +58,7 @@ def check_item(output: str, example: Example) -> dict[str, Any]:
             copy.deepcopy(example.gold["ground_truth"]),
             category,
         )
-    except Exception as exc:  # the checker trips on some malformed values (e.g. wrong nesting)
+    except Exception as exc:  # noqa: BLE001 - BFCL's checker trips on some malformed values
         return {
             "valid": False,
             "error_type": "checker_exception",

@@ -364,7 +364,7 @@ def parse_completion(completion: Any) -> ParseResult:
     """Parse ``completion`` into tool calls; never raises (see the module docstring)."""
     try:
         return _parse(completion_text(completion))
-    except Exception as exc:  # defensive: a bug here must not reach the trainer
+    except Exception as exc:  # noqa: BLE001 - a parser bug must never reach the trainer
         return ParseResult(form="none", error=f"parser failure ({type(exc).__name__}: {exc})")
 
 

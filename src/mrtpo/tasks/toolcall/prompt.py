@@ -93,7 +93,7 @@ def render_prompt(example: Example, tokenizer: Any = None) -> str:
         return plain_prompt(messages)
     try:
         out = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception as first_error:  # e.g. "System role not supported"
+    except Exception as first_error:  # noqa: BLE001 - e.g. "System role not supported"
         try:
             out = tokenizer.apply_chat_template(
                 _fold_system_into_user(messages), tokenize=False, add_generation_prompt=True
@@ -104,7 +104,7 @@ def render_prompt(example: Example, tokenizer: Any = None) -> str:
                 f"{first_error}; with the system message folded into the user turn: {exc}"
             ) from exc
     if not isinstance(out, str):
-        raise ValueError(
+        raise TypeError(
             f"apply_chat_template returned {type(out).__name__}, expected str (tokenize=False)"
         )
     return out

@@ -329,7 +329,7 @@ class FormatVerifier:
                 )
                 return float(plain and not result.ok)
             return float(is_well_formed(result))
-        except Exception:
+        except Exception:  # noqa: BLE001 - a verifier never raises on model output
             return 0.0
 
     def evidence(self, example: Example) -> Evidence | None:
@@ -366,7 +366,7 @@ class CorrectnessVerifier:
                 example.gold.get("ground_truth", []), example.meta.get("functions")
             )
             return toolrl_score(result.calls if result.ok else (), ground_truth)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a verifier never raises on model output
             return -3.0
 
     def evidence(self, example: Example) -> Evidence | None:
@@ -382,9 +382,9 @@ class CorrectnessVerifier:
 
 
 __all__ = [
+    "NO_CALL_EVIDENCE",
     "CorrectnessVerifier",
     "FormatVerifier",
-    "NO_CALL_EVIDENCE",
     "canonical_gold",
     "dict_matches",
     "effective_ground_truth",
