@@ -112,7 +112,11 @@ class ToolCallTask:
         return [make_example(entry, split) for entry in _interleave(groups)]
 
     def load(self, split: str, limit: int | None = None) -> list[Example]:
-        """Examples of ``split`` ("train" or "eval") in the documented order; first ``limit``."""
+        """Examples of ``split`` ("train" or "eval") in the documented order; first ``limit``.
+
+        The Example objects are built once per task instance and shared between calls: copy one
+        before modifying it.
+        """
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; the toolcall task has {SPLITS}")
         if limit is not None and (not isinstance(limit, int) or limit < 0):
