@@ -8,7 +8,12 @@ import sys
 
 import pytest
 
-from mrtpo.tasks.toolcall import EVAL_CATEGORIES, ToolCallTask, canonical_gold, render_tool_calls
+from mrtpo.tasks.toolcall import (
+    EVAL_CATEGORIES,
+    ToolCallTask,
+    canonical_gold,
+    render_tool_calls,
+)
 from mrtpo.tasks.toolcall.bfcl_shim import CHECKER_MODEL_NAME, load_ast_checker
 from mrtpo.tasks.toolcall.evaluate import check_item
 

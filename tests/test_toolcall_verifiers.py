@@ -9,7 +9,12 @@ import random
 
 import pytest
 
-from mrtpo.tasks.toolcall import FORMAT_INSTRUCTION, ToolCallTask, canonical_gold, render_tool_calls
+from mrtpo.tasks.toolcall import (
+    FORMAT_INSTRUCTION,
+    ToolCallTask,
+    canonical_gold,
+    render_tool_calls,
+)
 from mrtpo.tasks.toolcall.evaluate import check_item
 from mrtpo.tasks.toolcall.parse import parse_completion
 from mrtpo.tasks.toolcall.verifiers import (
