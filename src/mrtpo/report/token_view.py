@@ -57,7 +57,7 @@ def _token_text(tok: str) -> str:
     return html.escape(shown if shown else "∅")
 
 
-_CSS = """
+CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222}
 .card{border:1px solid #ddd;border-radius:8px;padding:12px 16px;margin:16px 0}
 .row{display:flex;align-items:flex-start;margin:6px 0}
@@ -70,19 +70,17 @@ body{font-family:system-ui,sans-serif;margin:24px;color:#222}
 """
 
 
-def render_html(views: Sequence[CompletionView], title: str = "Token credit", intro: str = "") -> str:
-    """A self-contained HTML page with one card per completion."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    if intro:
-        parts.append(f"<p>{html.escape(intro)}</p>")
-    parts.append(
+def render_cards(views: Sequence[CompletionView]) -> str:
+    """The colour legend and one card per completion, as an HTML fragment (needs :data:`CSS`).
+
+    For pages that embed the view among other content (the training report)."""
+    parts = [
         "<p class='legend'>weight: <span style='background:rgba(60,110,200,.6)'>0</span>"
         "<span style='background:#fff;border:1px solid #ddd'>1 (even share)</span>"
         "<span style='background:rgba(230,120,20,.93)'>highest</span> · advantage: "
         "<span style='background:rgba(200,40,40,.8)'>negative</span>"
         "<span style='background:rgba(30,150,60,.8)'>positive</span></p>"
-    )
+    ]
     for view in views:
         parts.append(f"<div class='card'><h3>{html.escape(view.title)}</h3>")
         if view.notes:
@@ -109,8 +107,18 @@ def render_html(views: Sequence[CompletionView], title: str = "Token credit", in
             parts.append(f"<div class='row'><div class='label'><b>advantage</b><small>per token, all rewards</small>"
                          f"</div><div class='tokens'>{''.join(cells)}</div></div>")
         parts.append("</div>")
+    return "".join(parts)
+
+
+def render_html(views: Sequence[CompletionView], title: str = "Token credit", intro: str = "") -> str:
+    """A self-contained HTML page with one card per completion."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    if intro:
+        parts.append(f"<p>{html.escape(intro)}</p>")
+    parts.append(render_cards(views))
     parts.append("</body></html>")
     return "".join(parts)
 
 
-__all__ = ["CompletionView", "CreditRow", "render_html"]
+__all__ = ["CSS", "CompletionView", "CreditRow", "render_cards", "render_html"]

@@ -1,0 +1,200 @@
+"""``mrtpo explain``: the token-credit view of one prompt/completion pair, with a given model.
+
+    mrtpo explain --task sql --index 3 --completion-file answer.txt --out explain.html
+    mrtpo explain --task toolcall --index 0 --model runs/toolcall-mrtpo-x/checkpoint-40   # greedy
+
+Takes example ``--index`` of ``--split``, a completion (``--completion`` text, ``--completion-file``,
+or, with neither, the model's own greedy completion), scores it with the task's verifiers, replays
+it with and without each verifier's evidence (:func:`mrtpo.replay.replay_completion`, the same
+forwards the trainer runs) and turns the relevance into the token weights of ``--method``. Writes
+one HTML card (a row per reward: each token shaded by that reward's weight, hover for the weight
+and the relevance) and prints where each reward's credit peaks.
+
+One completion has no group, so there is no advantage to show: the weights say how a reward's
+advantage *would* be spread over these tokens in a group where it is non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+TASK_NAMES = ("toolcall", "instructions", "sql")
+METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
+
+__all__ = ["explain", "main"]
+
+
+class ExplainError(ValueError):
+    """A mistake in the command's inputs; the message says the fix."""
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mrtpo explain", description=__doc__.splitlines()[0])
+    p.add_argument("--task", required=True, choices=TASK_NAMES, help="task of the example")
+    p.add_argument("--index", type=int, default=0, help="example index within the split (default 0)")
+    p.add_argument("--split", default="train", help="train or eval (default train)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--completion", help="the completion text to explain")
+    src.add_argument("--completion-file", type=Path, help="file holding the completion text")
+    p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, model folder, checkpoint, .gguf or hub id")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (training uses float32 on CPU)")
+    p.add_argument("--method", default="mrtpo", choices=METHODS, help="credit method whose weights are shown")
+    p.add_argument("--relevance", default="js", choices=("js", "kl", "logratio"), help="relevance of a replay")
+    p.add_argument("--lam", type=float, default=1.0, help="0 uniform .. 1 proportional to relevance")
+    p.add_argument("--w-max", type=float, default=None, help="cap on one token's weight")
+    p.add_argument("--temperature", type=float, default=1.0, help="replay temperature (the sampling temperature)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="length cap of the greedy completion")
+    p.add_argument("--no-eos", action="store_true", help="do not append the end-of-turn token to a given completion")
+    p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task constructor argument (YAML value)")
+    p.add_argument("--out", type=Path, default=Path("explain.html"), help="HTML file to write (default explain.html)")
+    return p.parse_args(argv)
+
+
+def _task_args(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ExplainError(f"--task-arg {item!r} is not KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _greedy(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
+    import torch
+
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    stop = [i for i in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id}
+            if isinstance(i, int) and i >= 0]
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                             eos_token_id=stop, pad_token_id=tokenizer.pad_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    for k, tok in enumerate(new):
+        if tok in stop:
+            return new[: k + 1]
+    return new
+
+
+def explain(model, tokenizer, task, example, completion_ids: list[int], completion_text: str, *, method: str = "mrtpo",
+            relevance: str = "js", lam: float = 1.0, w_max: float | None = None, temperature: float = 1.0):
+    """Rewards, evidence, relevance and ``method``'s weights for one completion; returns a dict
+    with ``view`` (a :class:`~mrtpo.report.token_view.CompletionView`) and the raw tensors."""
+    import torch
+
+    from mrtpo.credit import CreditBatch, CreditConfig, get_method
+    from mrtpo.replay import prompt_renderer, replay_completion
+    from mrtpo.report.token_view import CompletionView, CreditRow
+
+    verifiers = task.verifiers()
+    names = [v.name for v in verifiers]
+    rewards = [v(completion_text, example) for v in verifiers]
+    evidences = [v.evidence(example) for v in verifiers]
+    credit = get_method(method)
+    ids = torch.tensor(completion_ids, dtype=torch.long)
+    result = replay_completion(
+        model, tokenizer, example, ids, evidences, render=prompt_renderer(task, tokenizer), kind=relevance,
+        temperature=temperature, verifiers=names, with_joint=credit.needs == "joint",
+        with_entropy=credit.needs == "entropy",
+    )
+    t = ids.numel()
+    batch = CreditBatch(
+        rewards=torch.tensor([[float("nan") if r is None else float(r) for r in rewards]]), group_size=1,
+        mask=torch.ones(1, t), relevance=result.relevance.unsqueeze(0),
+        has_evidence=torch.tensor([result.has_evidence]),
+        joint_relevance=None if result.joint is None else result.joint.unsqueeze(0),
+        entropy=None if result.entropy is None else result.entropy.unsqueeze(0),
+    )
+    weights = credit.weights(batch, CreditConfig(lam=lam, w_max=w_max))[0]  # (K, T)
+    tokens = [tokenizer.decode([i]) for i in completion_ids]
+    rows = [CreditRow(n, r, weights[k].tolist(), result.relevance[k].tolist(), ev.placement if ev else None)
+            for k, (n, r, ev) in enumerate(zip(names, rewards, evidences))]
+    reward_str = ", ".join(f"{n}={'n/a' if r is None else f'{r:g}'}" for n, r in zip(names, rewards))
+    notes = {"example": example.id, "method": method, "relevance": relevance}
+    for n, ev in zip(names, evidences):
+        if ev is not None:
+            text = " ".join(ev.text.split())
+            notes[f"{n} evidence ({ev.placement})"] = text if len(text) <= 160 else text[:157] + "..."
+    view = CompletionView(f"{example.id} · {reward_str}", tokens, rows, None, notes)
+    return {"view": view, "names": names, "rewards": rewards, "evidences": evidences, "weights": weights,
+            "relevance": result.relevance, "tokens": tokens}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    from mrtpo.evaluate import EvalUserError, load_model
+    from mrtpo.models import ModelLoadError
+    from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
+    from mrtpo.report.token_view import render_html
+    from mrtpo.tasks import get_task
+
+    t0 = time.perf_counter()
+    try:
+        task = get_task(args.task, **_task_args(args.task_arg))
+        if args.index < 0:
+            raise ExplainError(f"--index must be >= 0, got {args.index}")
+        examples = task.load(args.split, limit=args.index + 1)
+        if args.index >= len(examples):
+            raise ExplainError(f"--index {args.index} is out of range: split {args.split!r} of task {args.task!r} "
+                               f"has {len(examples)} examples")
+        example = examples[args.index]
+        if args.completion_file is not None:
+            if not args.completion_file.is_file():
+                raise ExplainError(f"--completion-file {args.completion_file} does not exist")
+            given = args.completion_file.read_text()
+        else:
+            given = args.completion
+        if given is not None and not given.strip():
+            raise ExplainError("the completion is empty; give some text (or neither option, for a greedy completion)")
+        model, tokenizer, _ = load_model(args.model, dtype=args.dtype, device="cpu")
+    except (ExplainError, EvalUserError, ModelLoadError, TypeError) as exc:
+        print(f"mrtpo explain: {exc}", file=sys.stderr)
+        return 2
+    prompt = prompt_renderer(task, tokenizer)(example)
+    if given is None:
+        ids = _greedy(model, tokenizer, prompt, args.max_new_tokens)
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        origin = f"greedy completion of {args.model}"
+    else:
+        text = given
+        ids = tokenizer(given, add_special_tokens=False)["input_ids"]
+        eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        eos = eos if isinstance(eos, int) and eos >= 0 and eos != tokenizer.unk_token_id else tokenizer.eos_token_id
+        if not args.no_eos and eos is not None:
+            ids = ids + [eos]
+        origin = "given completion"
+    if not ids:
+        print("mrtpo explain: the completion has no tokens", file=sys.stderr)
+        return 2
+    res = explain(model, tokenizer, task, example, ids, text, method=args.method, relevance=args.relevance,
+                  lam=args.lam, w_max=args.w_max, temperature=args.temperature)
+    print(f"{args.task} {example.id} · {origin} · {len(ids)} tokens · model {args.model}")
+    print("  " + text.strip().replace("\n", "\n  ")[:600])
+    for k, (name, r, ev) in enumerate(zip(res["names"], res["rewards"], res["evidences"])):
+        w = res["weights"][k]
+        top = sorted(range(len(ids)), key=lambda i: -float(w[i]))[:5]
+        peaks = ", ".join(f"{res['tokens'][i]!r}×{float(w[i]):.2f}" for i in top)
+        r_str = "n/a" if r is None or (isinstance(r, float) and math.isnan(r)) else f"{r:g}"
+        where = ev.placement if ev is not None else "no evidence, uniform"
+        print(f"  {name:>14} = {r_str:<5} ({where}): credit peaks on {peaks}")
+    intro = (f"{origin}; weights of method {args.method!r}. In-prompt evidence is removed for the counterfactual; "
+             f"privileged evidence is appended under {DEFAULT_PRIVILEGED_HEADER!r}. A single completion has no group "
+             "advantage, so only the weights are shown.")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_html([res["view"]], f"Token credit · {args.task} · {example.id}", intro))
+    print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""``mrtpo train``: config layers and validation, a real 2-step run on the sql task, and resume.
+
+Every run uses a tiny random model saved to a temporary folder (``--model <dir>``) and the real
+Spider examples of the sql task. Torch runs single-threaded here: on 2 shared cores a second
+thread makes these small ops many times slower.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mrtpo.train import TRAIN_DEFAULTS, ConfigError, load_config, main, write_config
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "OMP_NUM_THREADS": "1",
+       "TOKENIZERS_PARALLELISM": "false"}
+SMALL = ["task_args={sample_rows: 0}", "train_size=4", "max_completion_length=12", "save_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from mrtpo.testing import tiny_policy
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    model, tok = tiny_policy(seed=0, max_position_embeddings=4096)  # sql prompts are ~1,100 bytes
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------------------------
+# Config layers and validation.
+# --------------------------------------------------------------------------------------------
+def test_unknown_key_names_it_suggests_the_closest_and_says_where_the_list_is(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("task: sql\nlearnig_rate: 1.0e-5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config([cfg])
+    msg = str(err.value)
+    assert "'learnig_rate'" in msg and str(cfg) in msg
+    assert "did you mean 'learning_rate'?" in msg
+    assert "mrtpo train --list-keys" in msg
+    # A run-level key is suggested too, and a hopeless key gets no suggestion.
+    with pytest.raises(ConfigError, match="did you mean 'train_size'"):
+        load_config([], {"train_sise": 4})
+    with pytest.raises(ConfigError) as err:
+        load_config([], {"qqqqqq": 1})
+    assert "did you mean" not in str(err.value)
+
+
+def test_unknown_key_through_the_command_exits_2_with_the_message(tmp_path, capsys):
+    rc = main(["--task", "sql", "--output-dir", str(tmp_path / "run"), "num_generation=4"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'num_generation'" in err and "did you mean 'num_generations'?" in err
+    assert not (tmp_path / "run").exists()  # nothing written for a rejected config
+
+
+def test_layers_defaults_yaml_flags_overrides(tmp_path):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    # YAML 1.1 reads 1e-5 as a string: the loader turns it into the field's float.
+    first.write_text("learning_rate: 1e-5\ntemperature: 0.7\nmax_steps: 7\nnum_generations: 2\nlam: 0.5\n")
+    second.write_text("temperature: 0.9\ntrain_size: 16\n")
+    ns_args = ["--config", str(first), "--config", str(second), "--max-steps", "3", "--seed", "1",
+               "--output-dir", str(tmp_path / "out"), "seed=2"]
+    from mrtpo.train import _parser, resolve_from_argv
+
+    config, checkpoint = resolve_from_argv(_parser().parse_args(ns_args))
+    args, run = config.args, config.run
+    assert checkpoint is None
+    assert args.learning_rate == 1e-5 and isinstance(args.learning_rate, float)  # first file
+    assert args.temperature == 0.9  # second file beats first
+    assert args.max_steps == 3  # flag beats files
+    assert args.seed == 2  # key=value beats flags
+    assert args.num_generations == 2 and args.lam == 0.5 and run.train_size == 16
+    assert args.logging_steps == TRAIN_DEFAULTS["logging_steps"]  # untouched: our default, not TRL's 10
+    assert args.per_device_train_batch_size == TRAIN_DEFAULTS["per_device_train_batch_size"]
+    if not torch.cuda.is_available():
+        assert args.use_cpu is True and args.bf16 is False and args.activation_checkpointing is False
+    assert config.explicit["temperature"] == str(second) and config.explicit["seed"] == "command line"
+
+
+def test_lora_learning_rate_default_and_deprecated_alias():
+    assert load_config([], {"lora_r": 8}).args.learning_rate == 2e-5  # LoRA default
+    assert load_config([], {"lora_r": 8, "learning_rate": 3e-6}).args.learning_rate == 3e-6  # explicit wins
+    assert load_config([], {}).args.learning_rate == TRAIN_DEFAULTS["learning_rate"]
+    assert load_config([], {"gradient_checkpointing": True}).args.activation_checkpointing is True
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"max_steps": "many"}, "max_steps (from command line) must be an integer, got 'many'"),
+    ({"max_steps": 2.5}, "must be an integer"),
+    ({"lam": 3}, "lam must be in [0, 1]"),
+    ({"method": "gspo"}, "unknown method 'gspo'"),
+    ({"task": "sqll"}, "unknown task 'sqll' (did you mean 'sql'?)"),
+    ({"dtype": "int8"}, "dtype must be float32, bfloat16 or float16"),
+    ({"use_cpu": "maybe"}, "use_cpu (from command line) must be true or false"),
+    ({"num_generations": 3}, "divisible by num_generations"),
+    ({"steps_per_generation": 2, "generation_batch_size": 8}, "not both"),
+])
+def test_bad_values_fail_with_clear_messages(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config([], override)
+    assert message in str(err.value)
+
+
+def test_report_to_needs_the_package():
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(ConfigError, match=r"report_to='wandb' needs the 'wandb' package.*pip install wandb"):
+            load_config([], {"report_to": "wandb"})
+    assert load_config([], {"report_to": "tensorboard"}).args.report_to == ["tensorboard"]
+    assert load_config([], {}).args.report_to == []
+
+
+def test_resolved_config_round_trips_and_lists_every_field(tmp_path):
+    import dataclasses
+
+    from mrtpo.train import RunSettings
+    from mrtpo.trainer import MRTPOConfig
+
+    config = load_config([], {"output_dir": str(tmp_path / "run"), "task": "toolcall", "temperature": 0.8,
+                              "task_args": {"sample_rows": 0}, "lora_r": 4})
+    path = write_config(config, tmp_path / "config.yaml")
+    saved = yaml.safe_load(path.read_text())
+    expected = {f.name for f in dataclasses.fields(RunSettings)} | {f.name for f in dataclasses.fields(MRTPOConfig)}
+    # Only the derived half of a TRL pair, deprecated aliases and hub tokens are left out.
+    assert expected - set(saved) == {"generation_batch_size", "gradient_checkpointing",
+                                     "gradient_checkpointing_kwargs", "hub_token"}
+    assert saved["temperature"] == 0.8 and saved["task"] == "toolcall" and saved["learning_rate"] == 2e-5
+    again = load_config([path])
+    assert again.to_flat() == config.to_flat()
+
+
+def test_resume_needs_a_checkpoint(tmp_path, capsys):
+    assert main(["--resume"]) == 2
+    assert "--resume without a path needs the run folder" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    assert main(["--resume", str(tmp_path / "run")]) == 2
+    assert "holds no checkpoint-N folder" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# A real run through the command line.
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cli_run(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    cmd = [sys.executable, "-m", "mrtpo.cli", "train", "--task", "sql", "--method", "mrtpo", "--model", str(tiny_dir),
+           "--output-dir", str(out), "--max-steps", "2", *SMALL]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    return out, proc
+
+
+def test_train_command_writes_the_run_folder(cli_run):
+    out, proc = cli_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Progress: one compact line per step with the reward and each task reward.
+    for step in (1, 2):
+        assert f"step {step}/2 | reward" in proc.stdout + proc.stderr
+    assert "format" in proc.stdout + proc.stderr and "report:" in proc.stdout
+
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        for key in ("rewards/format/mean", "rewards/executes/mean", "rewards/result/mean", "time/replay",
+                    "credit/executes/relevance_mean"):
+            assert key in r, key
+
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["task"] == "sql" and saved["method"] == "mrtpo" and saved["max_steps"] == 2
+    assert saved["train_size"] == 4 and saved["task_args"] == {"sample_rows": 0} and saved["save_steps"] == 1
+
+    for n in (1, 2):
+        state = json.loads((out / f"checkpoint-{n}" / "trainer_state.json").read_text())
+        assert state["global_step"] == n
+        assert (out / f"checkpoint-{n}" / "optimizer.pt").is_file()
+
+    # The credit samples come from the first train_size real Spider examples.
+    from mrtpo.tasks import get_task
+
+    ids = {e.id for e in get_task("sql", sample_rows=0).load("train", 4)}
+    samples = [json.loads(x) for x in (out / "credit_samples.jsonl").read_text().splitlines()]
+    assert samples and {s["example_id"] for s in samples} <= ids
+    assert {s["step"] for s in samples} == {0, 1}
+    assert set(samples[0]["weights"]) == {"format", "executes", "result"}
+
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "class='tok'" in html
+    for name in ("format", "executes", "result"):
+        assert f"<b>{name}</b>" in html
+    assert "generation step 0" in html and "generation step 1" in html
+    md = (out / "report.md").read_text()
+    assert "![training curves](curves.png)" in md and "| format |" in md
+
+
+# --------------------------------------------------------------------------------------------
+# Resume: a resumed run equals the uninterrupted one.
+# --------------------------------------------------------------------------------------------
+class CharCode:
+    """Test-only reward that differs between almost any two random completions, so every group
+    has a spread and the updates are non-zero (the tiny random model never writes valid SQL)."""
+
+    name = "char_code"
+
+    def __call__(self, completion, example):
+        return float(sum(map(ord, completion)) % 7)
+
+    def evidence(self, example):
+        from mrtpo.verifiers import Evidence
+
+        return Evidence(example.gold["sql"], "privileged")
+
+
+VOLATILE = {"time", "step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def _stable(record):
+    return {k: v for k, v in record.items() if k not in VOLATILE and not k.startswith("time/")}
+
+
+def test_resume_continues_the_same_run(tiny_dir, tmp_path, monkeypatch, one_thread):
+    from safetensors.torch import load_file
+
+    from mrtpo.tasks.sql import SqlTask
+
+    original = SqlTask.verifiers
+    monkeypatch.setattr(SqlTask, "verifiers", lambda self: [*original(self), CharCode()])
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    base = ["--task", "sql", "--model", str(tiny_dir), "--max-steps", "2", "--learning-rate", "0.01",
+            "report=false", *SMALL]
+    assert main([*base, "--output-dir", str(full)]) == 0
+
+    # An interrupted run: its folder holds checkpoint-1 and the lines it logged after it.
+    shutil.copytree(full, resumed)
+    shutil.rmtree(resumed / "checkpoint-2")
+    assert main(["--resume", str(resumed / "checkpoint-1")]) == 0
+
+    a = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in b] == [r["step"] for r in a] == [1, 2, 2]  # step 1, step 2, summary
+    step2 = a[1]
+    assert step2["grad_norm"] > 0 and step2["loss"] != 0 and step2["rewards/char_code/std"] > 0  # a real update
+    assert [_stable(r) for r in b[:2]] == [_stable(r) for r in a[:2]]  # identical losses, rewards, credit metrics
+    # The end-of-training summary averages the loss over the steps of *this* train() call.
+    assert a[2]["train_loss"] == pytest.approx((a[0]["loss"] + a[1]["loss"]) / 2, rel=1e-4, abs=1e-12)
+    assert b[2]["train_loss"] == pytest.approx(b[1]["loss"], rel=1e-4, abs=1e-12)
+
+    # Same data order and the same sampled completions (RNG restored), same credit.
+    ca = [json.loads(x) for x in (full / "credit_samples.jsonl").read_text().splitlines()]
+    cb = [json.loads(x) for x in (resumed / "credit_samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in ca] == [0, 0, 1, 1]
+    assert cb == ca
+
+    # Same weights after step 2, and the run folder kept its settings.
+    wa = load_file(full / "checkpoint-2" / "model.safetensors")
+    wb = load_file(resumed / "checkpoint-2" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    w1 = load_file(full / "checkpoint-1" / "model.safetensors")
+    assert any(not torch.equal(w1[k], wa[k]) for k in wa)  # step 2 did move the weights
+    saved = yaml.safe_load((resumed / "config.yaml").read_text())
+    assert saved["resume_from_checkpoint"] == str(resumed / "checkpoint-1")
+    assert saved["learning_rate"] == 0.01 and saved["output_dir"] == str(resumed)
+
+
+def test_resume_rejects_another_output_dir(tiny_dir, tmp_path, capsys):
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    assert main(["--resume", str(ckpt), "--output-dir", str(tmp_path / "other")]) == 2
+    assert "resuming keeps the run's folder" in capsys.readouterr().err
+
+
+def test_prompt_rendering_check_catches_a_task_that_renders_differently(tiny_dir, tmp_path, monkeypatch, one_thread):
+    from mrtpo.tasks.sql import SqlTask
+    from mrtpo.train import PromptMismatchError, build_trainer
+
+    monkeypatch.setattr(SqlTask, "render_prompt", lambda self, ex, tok: "Plain: " + ex.messages[-1]["content"],
+                        raising=False)
+    config = load_config([], {"task": "sql", "model": str(tiny_dir), "output_dir": str(tmp_path), "train_size": 4,
+                              "task_args": {"sample_rows": 0}})
+    with pytest.raises(PromptMismatchError, match="renders the prompt of 'spider-dev-0' differently"):
+        build_trainer(config)
