@@ -298,3 +298,17 @@ def test_prompt_rendering_check_catches_a_task_that_renders_differently(tiny_dir
                               "task_args": {"sample_rows": 0}})
     with pytest.raises(PromptMismatchError, match="renders the prompt of 'spider-dev-0' differently"):
         build_trainer(config)
+
+
+def test_list_keys_and_docs_cover_every_run_setting(capsys):
+    import dataclasses
+
+    from mrtpo.train import RunSettings
+
+    assert main(["--list-keys"]) == 0
+    listed = capsys.readouterr().out
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    for f in dataclasses.fields(RunSettings):
+        assert f"  {f.name} " in listed and f"| `{f.name}` |" in docs, f.name
+    for key in ("lam", "w_max", "relevance_top_k", "num_generations", "learning_rate"):
+        assert f"  {key} " in listed
