@@ -6,6 +6,7 @@ the slow test runs the default model on four Spider questions.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -295,6 +296,18 @@ def test_cli_user_error_has_no_traceback():
     done = _cli("--task", "nope", timeout=120)
     assert done.returncode == 2
     assert "unknown task 'nope'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_forces_hub_offline():
+    """Without --hub, a hub id fails at once with the offline message, even when the caller's
+    environment does not set HF_HUB_OFFLINE."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    done = subprocess.run(
+        [sys.executable, "-m", "mrtpo.cli", "eval", "--task", "sql", "--model", "nobody/no-such-model", "--limit", "1"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "HF_HUB_OFFLINE=1" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_help_lists_splits():

@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -287,7 +288,7 @@ _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, str]:
     """``(folder, kind)`` of a saved model folder: kind "adapter" (PEFT adapter_config.json) or
     "full" (config.json). A training output folder without either resolves to its
-    highest-numbered ``checkpoint-N`` subfolder."""
+    highest-numbered ``checkpoint-N`` subfolder; a folder of ``.gguf`` files gives "gguf"."""
     root = Path(path).expanduser()
     if (root / "adapter_config.json").is_file():
         return root, "adapter"
@@ -299,6 +300,8 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, str]:
         if m and sub.is_dir() and ((sub / "adapter_config.json").is_file() or (sub / "config.json").is_file()):
             numbered.append((int(m.group(1)), sub))
     if not numbered:
+        if any(root.glob("*.gguf")):
+            return root, "gguf"  # mrtpo.models.load_policy takes a folder holding one .gguf
         raise EvalUserError(
             f"{root} is not a saved model: it has no config.json (a save_pretrained folder), no "
             f"adapter_config.json (a PEFT adapter) and no checkpoint-N subfolder with either. "
@@ -359,6 +362,8 @@ def load_model(
                 model = PeftModel.from_pretrained(model, str(folder), is_trainable=False)
                 model = model.merge_and_unload()
                 model.eval()
+            elif kind == "gguf":
+                model, tokenizer = load_policy(folder, dtype=torch_dtype)
             else:
                 if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
                     raise EvalUserError(
@@ -572,7 +577,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             "new_tokens": new_tokens,
             "truncated": sum(not g.stopped for g in gens),
             "seconds": round(gen_s, 3),
-            "tokens_per_s": new_tokens / max(gen_s, 1e-9),
+            "tokens_per_s": new_tokens / max(gen_s, 1e-9),  # real tokens (to each stop) / wall s
             "stop_token_ids": stop_token_ids(model, tokenizer),
         },
         "seed": args.seed,
@@ -581,7 +586,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         "load_s": round(loaded - started, 3),
         "scoring_s": round(score_s, 3),
         "elapsed_s": round(finished - started, 3),
-        "command": "mrtpo eval " + " ".join(argv),
+        "command": shlex.join(["mrtpo", "eval", *argv]),
     }
     out = Path(args.out) if args.out else Path("runs") / "eval" / (
         f"{args.task}-{args.split}-{_slug(Path(args.model).name or args.model)}-"
@@ -598,10 +603,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     """Entry point of ``mrtpo eval``; returns the exit code (2 for a user error)."""
     argv = list(argv)
-    args = _parser().parse_args(argv)  # argparse exits with 2 on bad options
-    if not args.hub:
+    # Before anything imports huggingface_hub (building the parser imports the tasks).
+    if "--hub" not in argv:
         os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    args = _parser().parse_args(argv)  # argparse exits with 2 on bad options
     try:
         return _run(args, argv)
     except EvalUserError as err:
