@@ -416,15 +416,17 @@ def render_markdown(metrics: dict[str, Any], run: dict[str, Any]) -> str:
     """Readable report: run header, the scalar metrics, then one table per breakdown
     (per category / database / instruction); per-item lists stay in results.json."""
     gen = run.get("generation", {})
+    model = run.get("model", {})
     lines = [
         f"# mrtpo eval: {run.get('task')} / {run.get('split')}",
         "",
-        f"- model: `{run.get('model', {}).get('spec')}` ({run.get('model', {}).get('kind')}, "
-        f"{run.get('model', {}).get('dtype')}, {run.get('model', {}).get('device')})",
+        f"- model: `{model.get('spec')}` ({model.get('kind')}, {model.get('dtype')}, {model.get('device')})",
         f"- examples: {run.get('n_examples')} (limit {run.get('limit')})",
-        f"- generation: greedy, batch {gen.get('batch_size')}, max_new_tokens "
-        f"{gen.get('max_new_tokens')}, {gen.get('new_tokens')} new tokens, "
-        f"{_fmt(gen.get('tokens_per_s'))} tok/s, {gen.get('truncated')} cut at max_new_tokens",
+        (
+            f"- generation: greedy, batch {gen.get('batch_size')}, max_new_tokens "
+            f"{gen.get('max_new_tokens')}, {gen.get('new_tokens')} new tokens, "
+            f"{_fmt(gen.get('tokens_per_s'))} tok/s, {gen.get('truncated')} cut at max_new_tokens"
+        ),
         f"- elapsed: {_fmt(run.get('elapsed_s'))} s (generation {_fmt(gen.get('seconds'))} s)",
         f"- date: {run.get('date')}",
         f"- machine: {run.get('machine', {}).get('summary')}",
@@ -492,8 +494,7 @@ def write_results(out: Path, metrics: dict[str, Any], run: dict[str, Any], gens:
     (out / "results.json").write_text(json.dumps({"run": run, "metrics": metrics}, indent=2, default=str) + "\n")
     (out / "results.md").write_text(render_markdown(metrics, run))
     with open(out / "outputs.jsonl", "w") as f:
-        for g in gens:
-            f.write(json.dumps(g.record(), ensure_ascii=False) + "\n")
+        f.writelines(json.dumps(g.record(), ensure_ascii=False) + "\n" for g in gens)
 
 
 # --------------------------------------------------------------------------------------------
@@ -504,7 +505,7 @@ def _split_help() -> str:
     for name in TASK_NAMES:
         try:
             splits = task_splits(_get_task(name))
-        except Exception:  # a task whose assets are missing still gets a usable --help
+        except Exception:  # noqa: BLE001 - a task whose assets are missing still gets a usable --help
             splits = None
         parts.append(f"{name}: {', '.join(splits) if splits else '?'}")
     return "; ".join(parts)
@@ -547,7 +548,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise EvalUserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     started = time.perf_counter()
-    date = _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+    date = _dt.datetime.now(_dt.UTC).astimezone().isoformat(timespec="seconds")
     task = _get_task(args.task)
     examples = _load_examples(task, args.task, args.split, args.limit)
     if not examples:
