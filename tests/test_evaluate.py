@@ -106,6 +106,21 @@ def test_toolcall_padding_independent(tiny):
     assert [g.token_ids for g in g1] == [g.token_ids for g in g3]
 
 
+def test_instructions_task_through_default_renderer(tiny):
+    """The instructions task has no render_prompt: the chat template renders it; the Markdown
+    report gets its per-instruction table."""
+    model, tok = tiny
+    task = get_task("instructions")
+    examples = task.load("eval_ifbench", 2)
+    metrics, gens = evaluate_model(model, tok, task, examples, batch_size=2, max_new_tokens=4, progress=False)
+    assert [g.prompt for g in gens] == [
+        tok.apply_chat_template(e.messages, tokenize=False, add_generation_prompt=True) for e in examples
+    ]
+    assert metrics == task.evaluate([g.output for g in gens], examples)
+    md = render_markdown(metrics, {"task": "instructions", "split": "eval_ifbench"})
+    assert "| prompt_level_strict |" in md and "## per_instruction" in md
+
+
 class _ForceAfter:
     """Forward hook: after ``trigger`` is the last input token, make ``forced`` the argmax."""
 
