@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost"}
+BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
+                              "learn": "mrtpo.bench.learn"}
 
 
 def main(argv: list[str]) -> int:
