@@ -1,0 +1,335 @@
+"""``mrtpo bench learn``: steps-to-target and seed aggregation on hand-made records, the presets,
+the held-out evaluation callback, and a real 2 methods x 2 seeds x 2 steps benchmark on the sql
+task with a tiny random model (same prompts per seed across methods, comparison files, resume).
+
+The tiny model never writes valid SQL, so a test-only reward that differs between almost any two
+completions is added to the task's three: then groups have a spread, the updates are real and
+the methods' runs diverge after their first update.
+"""
+
+import json
+import math
+import types
+
+import pytest
+import torch
+import yaml
+
+from mrtpo.bench.learn import (
+    CONFIGS_DIR,
+    EvalCallback,
+    aggregate_curves,
+    main,
+    read_preset,
+    steps_to_target,
+    summarise_steps_to_target,
+)
+
+# --------------------------------------------------------------------------------------------
+# Steps to target, aggregation (hand-computed).
+# --------------------------------------------------------------------------------------------
+FIXTURE = [
+    {"step": 1, "loss": 0.1, "reward": 0.5},
+    {"step": 2, "loss": 0.1, "reward": 1.0},
+    {"step": 2, "eval_loss": 9.0, "reward": 99.0},  # an eval line: ignored
+    {"step": 3, "loss": 0.1, "reward": 2.6},
+    {"step": 4, "loss": 0.1, "reward": float("nan")},  # not finite: ignored
+    {"step": 5, "loss": 0.1, "reward": 2.4},
+    {"step": 6, "loss": 0.1, "reward": 2.8, "rewards/result/mean": 1.0},
+    {"step": 6, "train_runtime": 12.0, "reward": 50.0},  # the end-of-training summary: ignored
+]
+
+
+def test_steps_to_target_on_a_hand_made_metrics_file():
+    assert steps_to_target(FIXTURE, 2.5) == 3  # first logged step with reward >= 2.5
+    assert steps_to_target(FIXTURE, 1.0) == 2  # >= is inclusive
+    assert steps_to_target(FIXTURE, 0.0) == 1
+    assert steps_to_target(FIXTURE, 2.7) == 6
+    assert steps_to_target(FIXTURE, 3.0) is None  # never: the 50.0 and 99.0 lines do not count
+    # Trailing mean over 2 logged values: 0.5, 0.75, 1.8, (nan skipped) 2.5, 2.6 -> 2.5 first at step 5.
+    assert steps_to_target(FIXTURE, 2.5, window=2) == 5
+    # Over 3: 0.5, 0.75, 1.367, 2.0, 2.6 -> step 6.
+    assert steps_to_target(FIXTURE, 2.5, window=3) == 6
+    assert steps_to_target(FIXTURE, 1.0, key="rewards/result/mean") == 6
+    assert steps_to_target(FIXTURE, 0.0, key="rewards/absent/mean") is None
+    with pytest.raises(ValueError, match="window"):
+        steps_to_target(FIXTURE, 1.0, window=0)
+
+
+def test_steps_to_target_summary_counts_only_seeds_that_reached_it():
+    s = summarise_steps_to_target({0: 3, 1: None, 2: 4}, max_steps=8)
+    assert s["reached"] == 2 and s["of"] == 3 and s["mean"] == 3.5
+    assert s["text"] == "3.5 (2/3 seeds; 1 not reached within 8 steps)"
+    assert s["per_seed"] == {"0": 3, "1": None, "2": 4}
+    none = summarise_steps_to_target({0: None, 1: None}, max_steps=4)
+    assert none["mean"] is None and none["text"] == "not reached (0/2 seeds within 4 steps)"
+    assert summarise_steps_to_target({0: 2, 1: 5})["text"] == "3.5 (2/2 seeds)"
+
+
+def test_aggregate_curves_mean_min_max_per_step():
+    agg = aggregate_curves({0: ([1, 2, 3], [1.0, 2.0, 3.0]), 1: ([1, 2], [3.0, float("nan")]), 2: ([2], [5.0])})
+    assert agg["steps"] == [1, 2, 3]
+    assert agg["mean"] == [2.0, 3.5, 3.0] and agg["min"] == [1.0, 2.0, 3.0] and agg["max"] == [3.0, 5.0, 3.0]
+    assert agg["n"] == [2, 2, 1]
+
+
+# --------------------------------------------------------------------------------------------
+# Presets.
+# --------------------------------------------------------------------------------------------
+def test_presets_hold_valid_training_keys_and_per_task_sections():
+    from mrtpo.train import load_config, valid_keys
+
+    keys = valid_keys()
+    for name in ("cpu", "gpu"):
+        path = CONFIGS_DIR / f"bench-learn-{name}.yaml"
+        for task in ("sql", "toolcall", "instructions"):
+            train, bench = read_preset(path, task)
+            assert set(train) <= set(keys), set(train) - set(keys)
+            assert bench["eval_size"] > 0 and bench["eval_every"] > 0
+        raw = yaml.safe_load(path.read_text())
+        assert "method" not in raw and "seed" not in raw  # the benchmark sets those per run
+    train, bench = read_preset(CONFIGS_DIR / "bench-learn-cpu.yaml", "sql")
+    assert train["task_args"] == {"sample_rows": 0} and bench["target_reward"] == 2.5
+    assert bench["eval_max_new_tokens"] == 128
+    train, bench = read_preset(CONFIGS_DIR / "bench-learn-cpu.yaml", "instructions")
+    assert train["max_completion_length"] == 192 and bench["target_reward"] is None
+    config = load_config([], {**read_preset(CONFIGS_DIR / "bench-learn-cpu.yaml", "toolcall")[0], "task": "toolcall"})
+    assert config.run.lora_r == 16 and config.args.max_completion_length == 96 and config.args.logging_steps == 1
+
+
+def test_preset_with_an_unknown_bench_key_is_refused(tmp_path):
+    from mrtpo.bench.learn import BenchError
+
+    bad = tmp_path / "p.yaml"
+    bad.write_text("max_steps: 2\nbench:\n  eval_evry: 2\n")
+    with pytest.raises(BenchError, match="unknown bench key.*eval_evry"):
+        read_preset(bad, "sql")
+
+
+# --------------------------------------------------------------------------------------------
+# The evaluation callback: eval mode, no grad, train mode restored, RNG untouched.
+# --------------------------------------------------------------------------------------------
+def test_eval_callback_runs_greedy_in_eval_mode_and_leaves_the_run_alone(tmp_path):
+    from mrtpo.testing import tiny_policy
+
+    model, tok = tiny_policy(seed=1)
+    model.train()
+    seen = []
+    model.model.register_forward_hook(lambda mod, args, out: seen.append((model.training, torch.is_grad_enabled())))
+
+    class Task:
+        name = "fake"
+
+        def render_prompt(self, example, tokenizer):
+            return example.messages[0]["content"]
+
+        def evaluate(self, outputs, examples):
+            return {"n": len(outputs), "mean_chars": sum(map(len, outputs)) / len(outputs), "items": outputs}
+
+    from mrtpo.verifiers import Example
+
+    examples = [Example(id=f"e{i}", split="eval", messages=[{"role": "user", "content": f"prompt {i}"}],
+                        gold={}, tools=None, meta={}) for i in range(3)]
+    trainer = types.SimpleNamespace(model=model, processing_class=tok,
+                                    accelerator=types.SimpleNamespace(unwrap_model=lambda m: m))
+    cb = EvalCallback(trainer, Task(), examples, every=2, folder=tmp_path, batch_size=2, max_new_tokens=5)
+    rng = torch.get_rng_state()
+    cb.evaluate(0)
+    assert seen and all(mode == (False, False) for mode in seen)  # eval mode, no grad, every forward
+    assert model.training and torch.is_grad_enabled()  # train mode restored
+    assert torch.equal(torch.get_rng_state(), rng)  # training's RNG stream is not consumed
+    state = types.SimpleNamespace(global_step=1)
+    cb.on_step_end(None, state, None)  # step 1: not an eval step
+    state.global_step = 2
+    cb.on_step_end(None, state, None)
+    cb.on_train_end(None, state, None)  # already evaluated at the last step: not again
+    state.global_step = 3
+    cb.on_train_end(None, state, None)
+    lines = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [0, 2, 3]
+    assert lines[0]["metrics"] == {"n": 3, "mean_chars": lines[0]["metrics"]["mean_chars"]}  # scalars only
+    assert lines[0]["n"] == 3 and lines[0]["mean_new_tokens"] <= 5
+    outputs = [json.loads(x) for x in (tmp_path / "eval_outputs.jsonl").read_text().splitlines()]
+    assert [o["id"] for o in outputs] == ["e0", "e1", "e2"] * 3
+    # Greedy: the same weights give the same outputs at every evaluation.
+    assert [o["output"] for o in outputs[:3]] == [o["output"] for o in outputs[3:6]]
+
+
+# --------------------------------------------------------------------------------------------
+# A real benchmark: 2 methods x 2 seeds x 2 steps on the sql task.
+# --------------------------------------------------------------------------------------------
+class CharCode:
+    """Test-only reward with a spread in every group; its evidence is the gold SQL (privileged)."""
+
+    name = "char_code"
+
+    def __call__(self, completion, example):
+        return float(sum(map(ord, completion)) % 7)
+
+    def evidence(self, example):
+        from mrtpo.verifiers import Evidence
+
+        return Evidence(example.gold["sql"], "privileged")
+
+
+METHODS, SEEDS = ("gdpo", "mrtpo"), (0, 1)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from mrtpo.testing import tiny_policy
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    model, tok = tiny_policy(seed=0, max_position_embeddings=4096)  # sql prompts are ~1,100 bytes
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def patched_task():
+    from mrtpo.tasks.sql import SqlTask
+
+    original = SqlTask.verifiers
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SqlTask, "verifiers", lambda self: [*original(self), CharCode()])
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)  # on 2 shared cores a second thread makes these small ops slower
+        yield
+        torch.set_num_threads(before)
+
+
+def _argv(tiny_dir, out, *extra):
+    return ["--task", "sql", "--methods", ",".join(METHODS), "--seeds", ",".join(map(str, SEEDS)),
+            "--max-steps", "2", "--eval-every", "1", "--eval-size", "2", "--eval-max-new-tokens", "6",
+            "--target-reward", "1000", "--out", str(out), f"model={tiny_dir}", "train_size=8",
+            "max_completion_length=10", "learning_rate=0.05", *extra]
+
+
+@pytest.fixture(scope="module")
+def bench(tiny_dir, patched_task, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "learn-sql"
+    assert main(_argv(tiny_dir, out)) == 0
+    return out
+
+
+def _jsonl(path):
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_comparison_files_cover_every_method_and_seed(bench):
+    for name in ("comparison.json", "comparison.md", "bench.json"):
+        assert (bench / name).is_file(), name
+    for png in ("rewards.png", "length.png", "heldout.png"):
+        assert (bench / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    result = json.loads((bench / "comparison.json").read_text())
+    assert sorted((r["method"], r["seed"]) for r in result["runs"]) == [(m, s) for m in METHODS for s in SEEDS]
+    assert result["missing"] == []
+    assert result["rewards"] == ["format", "executes", "result", "char_code"]
+    md = (bench / "comparison.md").read_text()
+    for m in METHODS:
+        assert result["summary"][m]["seeds"] == list(SEEDS)
+        for s in SEEDS:
+            assert f"| {m} | {s} | 2 |" in md  # one row per run in the runs table
+        assert "not reached (0/2 seeds within 2 steps)" in md.split(f"| {m} |")[3]  # steps-to-target row
+    for png in ("rewards.png", "length.png", "heldout.png"):
+        assert f"]({png})" in md
+
+    # Final values: mean of each run's last (here: both) logged steps, then mean and std over seeds.
+    for m in METHODS:
+        per_run = []
+        for s in SEEDS:
+            steps = [r for r in _jsonl(bench / f"{m}-seed{s}" / "metrics.jsonl") if "loss" in r]
+            assert [r["step"] for r in steps] == [1, 2]
+            per_run.append(sum(r["completions/mean_length"] for r in steps) / 2)
+        got = result["summary"][m]["final"]["completions/mean_length"]
+        assert got["mean"] == pytest.approx(sum(per_run) / 2)
+        assert got["std"] == pytest.approx(abs(per_run[0] - per_run[1]) / math.sqrt(2))
+
+
+def test_every_run_is_evaluated_at_start_each_step_and_end(bench):
+    from mrtpo.tasks import get_task
+
+    first_two = [e.id for e in get_task("sql", sample_rows=0).load("eval", 2)]
+    starts = []
+    for m in METHODS:
+        for s in SEEDS:
+            run = bench / f"{m}-seed{s}"
+            evals = _jsonl(run / "eval.jsonl")
+            assert [e["step"] for e in evals] == [0, 1, 2]
+            assert all(e["n"] == 2 and "execution_accuracy" in e["metrics"] for e in evals)
+            outputs = _jsonl(run / "eval_outputs.jsonl")
+            assert [o["id"] for o in outputs] == first_two * 3
+            starts.append([o["output"] for o in outputs[:2]])
+            assert json.loads((run / "finished.json").read_text())["steps"] == 2
+    # Step 0 is the same base policy in every run (LoRA starts at B = 0), decoded greedily.
+    assert all(s == starts[0] for s in starts)
+
+
+def test_same_seed_same_prompts_and_first_batch_across_methods(bench):
+    order = {(m, s): [r["example_ids"] for r in _jsonl(bench / f"{m}-seed{s}" / "prompts.jsonl")]
+             for m in METHODS for s in SEEDS}
+    for s in SEEDS:
+        assert order[("gdpo", s)] == order[("mrtpo", s)]
+        assert len(order[("gdpo", s)]) == 2 and all(len(b) == 8 for b in order[("gdpo", s)])  # 2 prompts x 4
+    assert order[("gdpo", 0)] != order[("gdpo", 1)]  # the seed does change the data order
+    for (m, s), batches in order.items():
+        samples = _jsonl(bench / f"{m}-seed{s}" / "credit_samples.jsonl")
+        # The credit samples of each step come from that step's first prompt.
+        assert [x["example_id"] for x in samples if x["step"] == 0][0] == batches[0][0]
+        assert [x["example_id"] for x in samples if x["step"] == 1][0] == batches[1][0]
+    for s in SEEDS:
+        a = _jsonl(bench / f"gdpo-seed{s}" / "credit_samples.jsonl")
+        b = _jsonl(bench / f"mrtpo-seed{s}" / "credit_samples.jsonl")
+        # Same initial weights and RNG state: the first sampled completions are identical ...
+        assert [x["token_ids"] for x in a if x["step"] == 0] == [x["token_ids"] for x in b if x["step"] == 0]
+        # ... and the methods' updates differ (real, different gradients).
+        ga = [r["grad_norm"] for r in _jsonl(bench / f"gdpo-seed{s}" / "metrics.jsonl") if "loss" in r]
+        gb = [r["grad_norm"] for r in _jsonl(bench / f"mrtpo-seed{s}" / "metrics.jsonl") if "loss" in r]
+        assert ga[0] > 0 and gb[0] > 0 and ga[0] != pytest.approx(gb[0], rel=1e-6)
+
+
+def test_rerun_skips_finished_runs_and_redoes_an_unfinished_one(bench, tiny_dir, capsys):
+    stamps = {p: p.stat().st_mtime_ns for p in bench.glob("*-seed*/metrics.jsonl")}
+    capsys.readouterr()
+    assert main(_argv(tiny_dir, bench)) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(": finished") == 4 and "[1/" not in printed
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # nothing retrained
+
+    # An interrupted run (no finished marker) is started again from scratch, the others are kept.
+    redo = bench / "mrtpo-seed1"
+    before = {name: (redo / name).read_text() for name in ("prompts.jsonl", "eval_outputs.jsonl")}
+    (redo / "finished.json").unlink()
+    with (redo / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 7, "loss": 1.0, "reward": 5.0}) + "\n")
+    assert main(_argv(tiny_dir, bench)) == 0
+    printed = capsys.readouterr().out
+    assert "mrtpo     seed 1: partial" in printed and "[1/1] mrtpo seed 1" in printed
+    assert [r["step"] for r in _jsonl(redo / "metrics.jsonl") if "loss" in r] == [1, 2]
+    for name, text in before.items():
+        assert (redo / name).read_text() == text, name  # same prompts and greedy evaluations again
+    assert {p: p.stat().st_mtime_ns for p in stamps if redo not in p.parents} == \
+        {p: s for p, s in stamps.items() if redo not in p.parents}
+
+
+def test_changed_settings_or_controlled_keys_are_refused(bench, tiny_dir, capsys):
+    capsys.readouterr()
+    assert main([*_argv(tiny_dir, bench), "temperature=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "finished with other settings" in err and "temperature: 1.0 vs 0.5" in err
+    assert main([*_argv(tiny_dir, bench), "seed=3"]) == 2
+    assert "seed is set by the benchmark" in capsys.readouterr().err
+    assert main([*_argv(tiny_dir, bench), "--methods", "gdpo,nope"]) == 2
+    assert "unknown method(s) nope" in capsys.readouterr().err
+
+
+def test_dry_run_lists_the_plan_without_training(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "plan"
+    assert main([*_argv(tiny_dir, out), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    for m in METHODS:
+        for s in SEEDS:
+            assert f"{m:<9} seed {s}: to do" in printed
+    assert "2 steps × 2 prompts × 4 completions" in printed
+    assert not out.exists()
