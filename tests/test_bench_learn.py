@@ -276,8 +276,8 @@ def test_same_seed_same_prompts_and_first_batch_across_methods(bench):
     for (m, s), batches in order.items():
         samples = _jsonl(bench / f"{m}-seed{s}" / "credit_samples.jsonl")
         # The credit samples of each step come from that step's first prompt.
-        assert [x["example_id"] for x in samples if x["step"] == 0][0] == batches[0][0]
-        assert [x["example_id"] for x in samples if x["step"] == 1][0] == batches[1][0]
+        assert next(x["example_id"] for x in samples if x["step"] == 0) == batches[0][0]
+        assert next(x["example_id"] for x in samples if x["step"] == 1) == batches[1][0]
     for s in SEEDS:
         a = _jsonl(bench / f"gdpo-seed{s}" / "credit_samples.jsonl")
         b = _jsonl(bench / f"mrtpo-seed{s}" / "credit_samples.jsonl")
