@@ -129,6 +129,8 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=2)
     parser.add_argument("--expect-processes", type=int, default=2)
     parser.add_argument("--missing-evidence-in", default=None, help="example id whose evidence span is not in its prompt")
+    parser.add_argument("--simulate-sharded", action="store_true",
+                        help="make every replay forward a collective (as under ZeRO-3 / FSDP) and check the calls pair up")
     args = parser.parse_args()
 
     from mrtpo.testing import tiny_policy
@@ -152,10 +154,29 @@ def main() -> int:
     calls: list[list[list[int]]] = []  # per generation step: the input_ids shape of each replay call
     in_replay = [False]
 
+    sharded_group = None
+    if args.simulate_sharded:
+        # ZeRO-3 / FSDP all-gather parameters in every forward, on their own communicator. Stand-in:
+        # a gloo group of its own, on which every replay forward all-gathers (step, call index).
+        # The k-th call of every rank must meet the k-th call of every other rank, at the same step.
+        import datetime
+
+        import torch.distributed as dist
+
+        sharded_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=45))
+
     def count_call(module, f_args, f_kwargs):
         if in_replay[0]:
             ids = f_kwargs.get("input_ids", f_args[0] if f_args else None)
             calls[-1].append(list(ids.shape) if ids is not None else [])
+            if sharded_group is not None:
+                import torch.distributed as dist
+
+                mine = torch.tensor([len(calls), len(calls[-1])])
+                every = [torch.zeros_like(mine) for _ in range(acc.num_processes)]
+                dist.all_gather(every, mine, group=sharded_group)  # times out if the other rank never comes
+                assert all(torch.equal(e, mine) for e in every), (
+                    f"rank {acc.process_index}: replay call (step, index) {mine.tolist()} met {[e.tolist() for e in every]}")
 
     trainer.model.register_forward_pre_hook(count_call, with_kwargs=True)
 

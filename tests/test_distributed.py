@@ -13,7 +13,8 @@ maps and masks) and the advantages it got back. Here, in one process, we recompu
   with the same initial weights (the first generation step runs before any update);
 
 and check lockstep (both ranks made the same number of replay forward calls in every step, even
-when one rank had less replay work) and DDP (both ranks end with identical, changed parameters).
+when one rank had less replay work, and with each call made a collective as under ZeRO-3 / FSDP,
+the calls paired up) and DDP (both ranks end with identical, changed parameters).
 The batch is laid out so the middle group of 4 completions straddles the two ranks, and one prompt
 has no in-prompt evidence, so group statistics really are cross-rank.
 """
@@ -72,7 +73,7 @@ def _tails(stdout: str, stderr: str, n: int = 12000) -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("two_ranks")
-    proc = launch(out)
+    proc = launch(out, "--simulate-sharded")
     if proc.returncode != 0:
         pytest.fail(f"two-process run failed with exit code {proc.returncode}\n{_tails(proc.stdout, proc.stderr)}")
     ranks = []
@@ -218,7 +219,11 @@ def test_relevance_matches_a_one_process_replay_of_the_global_batch(tmp_path, ru
 
 def test_replay_forward_calls_in_lockstep(run):
     """Every generation step, both ranks call the policy's forward the same number of times in the
-    replay, although their replay work differs (one prompt's evidence is absent on one rank only)."""
+    replay, although their replay work differs (one prompt's evidence is absent on one rank only).
+
+    The run also makes every replay forward a collective on its own gloo group, as ZeRO-3 / FSDP do
+    (``--simulate-sharded``): the k-th call of each rank had to meet the k-th call of the other, or
+    the run would have timed out there. (It did, before the call count was agreed on up front.)"""
     r0, r1 = run["ranks"]
     calls0, calls1 = r0["replay_calls"], r1["replay_calls"]
     assert len(calls0) == len(calls1) == 2  # two generation steps

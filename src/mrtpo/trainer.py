@@ -42,6 +42,7 @@ from mrtpo.replay import (
     DEFAULT_PRIVILEGED_HEADER,
     ForwardCounter,
     append_privileged,
+    common_prefix_length,
     group_relevance,
     remove_span,
 )
@@ -124,6 +125,14 @@ class MetricsJSONL(TrainerCallback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as out:
             out.write(json.dumps(record) + "\n")
+
+
+def _replay_forward_calls(contexts: list[list[int]], length: int) -> int:
+    """Forward calls :func:`mrtpo.replay.group_context_logits` makes for these contexts and completions
+    of ``length`` tokens: the common prefix (if any is left before every context's last token), then
+    per context its suffix and, for completions longer than one token, the completions."""
+    prefix = max(0, min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1))
+    return (1 if prefix > 0 else 0) + len(contexts) * (2 if length > 1 else 1)
 
 
 def _top_share_and_set(weights: Tensor, length: int) -> tuple[float, set[int]]:
@@ -239,8 +248,9 @@ class MRTPOTrainer(GRPOTrainer):
 
         Completions of the same prompt are replayed together (:func:`group_relevance`): each
         context's prompt is encoded once per group, its KV cache shared by the group's completions.
-        Afterwards every rank pads its number of forward calls to the global maximum, so sharded
-        models (FSDP, ZeRO-3) and DDP stay in lockstep.
+        Every rank first plans its groups and agrees with the others on the maximum number of
+        forward calls, then replays and pads with dummy calls up to it, so sharded models
+        (FSDP, ZeRO-3) and DDP stay in lockstep.
         """
         needs = self.credit_method.needs
         b, t_max = out["completion_ids"].shape
@@ -256,7 +266,7 @@ class MRTPOTrainer(GRPOTrainer):
         for j, row in enumerate(inputs):
             base_ids = tuple(out["prompt_ids"][j][out["prompt_mask"][j].bool()].tolist())
             groups.setdefault((str(row.get("example_id", j)), base_ids), []).append(j)
-        counter = ForwardCounter()
+        plan = []  # contexts of every group first: the forward-call count is agreed before any call
         for (_, base_ids), members in groups.items():
             row = inputs[members[0]]
             evidences = [evidence_for(f, row) if has else None for f, has in zip(self.reward_funcs, self._with_evidence)]
@@ -264,8 +274,12 @@ class MRTPOTrainer(GRPOTrainer):
             contexts = self._contexts(row, list(base_ids), evidences)
             idx = torch.tensor(members)
             n = int(lengths[idx].max().item())
-            if n == 0:
-                continue
+            if n > 0:
+                plan.append((present, contexts, idx, n))
+        planned = sum(_replay_forward_calls(contexts, n) for _, contexts, _, n in plan)
+        target = self._agree_forward_calls(planned)
+        counter = ForwardCounter()
+        for present, contexts, idx, n in plan:
             completions = out["completion_ids"][idx, :n].cpu()
             placements = [ev.placement for _, ev in present] if needs == "per_reward" else ["in_prompt"] * (len(contexts) - 1)
             group = group_relevance(self.model, contexts, placements, completions, lengths[idx], kind=kind,
@@ -279,21 +293,30 @@ class MRTPOTrainer(GRPOTrainer):
                 for c_idx, (reward_index, _) in enumerate(present):
                     per_reward[idx, reward_index, :n] = group.maps[c_idx]
                     has_evidence[idx, reward_index] = True
-        self._match_forward_calls(counter.calls)
+        if counter.calls != planned:
+            raise RuntimeError(f"replay made {counter.calls} forward calls but planned {planned}: "
+                               "_replay_forward_calls no longer matches mrtpo.replay.group_context_logits")
+        self._pad_forward_calls(target - counter.calls)
+        self.replay_forward_calls = target
         return {"relevance": per_reward, "joint": joint, "entropy": ent, "has_evidence": has_evidence}
 
-    @torch.no_grad()
-    def _match_forward_calls(self, calls: int) -> None:
-        """Pad this rank's replay forward calls to the maximum over ranks (one-token dummy calls)."""
-        self.replay_forward_calls = calls
+    def _agree_forward_calls(self, calls: int) -> int:
+        """The maximum over ranks of the replay forward calls each rank will make.
+
+        Exchanged *before* any replay forward: under ZeRO-3 / FSDP every forward is itself a
+        collective, so an exchange after a rank's last call would meet another rank's next forward.
+        """
         if self.accelerator.num_processes == 1:
-            return
+            return calls
         counts = self.accelerator.gather(torch.tensor([calls], device=self.accelerator.device))
-        target = int(counts.max().item())
+        return int(counts.max().item())
+
+    @torch.no_grad()
+    def _pad_forward_calls(self, count: int) -> None:
+        """``count`` one-token dummy forwards, so this rank makes as many replay calls as the others."""
         dummy = torch.tensor([[self.processing_class.pad_token_id or 0]], device=self.accelerator.device)
-        for _ in range(target - calls):
+        for _ in range(count):
             self.model(input_ids=dummy, use_cache=False)
-        self.replay_forward_calls = target
 
     # --- the one real override -----------------------------------------------------------------
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
