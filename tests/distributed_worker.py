@@ -26,9 +26,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
-from mrtpo.rewards import completion_text, evidence  # noqa: E402
+from mrtpo.rewards import completion_text, evidence
 
 NUM_GENERATIONS = 4
 PER_DEVICE_BATCH = 6  # 2 ranks x 6 = 12 completions = 3 groups of 4: the middle group straddles the ranks
@@ -92,13 +92,13 @@ def build_dataset(missing_evidence_in: str | None = None):
 def build_config(output_dir: str, method: str, max_steps: int, **kw):
     from mrtpo.trainer import MRTPOConfig
 
-    base = dict(
-        output_dir=output_dir, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[],
-        per_device_train_batch_size=PER_DEVICE_BATCH, num_generations=NUM_GENERATIONS,
-        max_completion_length=8, max_steps=max_steps, logging_steps=1, save_strategy="no",
-        learning_rate=1e-2, seed=0, temperature=1.0, multi_objective_aggregation="normalize_then_sum",
-        credit_samples=0, dataloader_num_workers=0,
-    )
+    base = {
+        "output_dir": output_dir, "use_cpu": True, "bf16": False, "gradient_checkpointing": False, "report_to": [],
+        "per_device_train_batch_size": PER_DEVICE_BATCH, "num_generations": NUM_GENERATIONS,
+        "max_completion_length": 8, "max_steps": max_steps, "logging_steps": 1, "save_strategy": "no",
+        "learning_rate": 1e-2, "seed": 0, "temperature": 1.0, "multi_objective_aggregation": "normalize_then_sum",
+        "credit_samples": 0, "dataloader_num_workers": 0,
+    }
     base.update(kw)
     return MRTPOConfig(method=method, **base)
 

@@ -136,7 +136,7 @@ def _check_rows_match(global_adv: torch.Tensor, ranks: list[dict], atol: float) 
         start, stop = step["rows"]
         t = local.shape[1]
         torch.testing.assert_close(local, global_adv[start:stop, :t], atol=atol, rtol=0,
-                                   msg=lambda m: f"rank {r['rank']}: {m}")
+                                   msg=lambda m, rank=r["rank"]: f"rank {rank}: {m}")
         assert torch.all(global_adv[start:stop, t:] == 0)  # beyond this rank's padding: masked
 
 
