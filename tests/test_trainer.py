@@ -128,10 +128,9 @@ def test_baseline_methods_run(tmp_path, method):
 
 def test_missing_evidence_span_is_an_error_naming_reward_and_example(tmp_path):
     model, tok = tiny_policy(seed=0)
-    trainer = MRTPOTrainer(model=model, processing_class=tok, reward_funcs=[has_letter_e],
-                           args=config(tmp_path, max_steps=1), train_dataset=dataset(constraint="Not in the prompt."))
-    with pytest.raises(EvidenceNotFoundError, match="'has_letter_e' for example 'ex"):
-        trainer.train()
+    with pytest.raises(EvidenceNotFoundError, match="'has_letter_e' for example 'ex0'"):  # at start-up
+        MRTPOTrainer(model=model, processing_class=tok, reward_funcs=[has_letter_e],
+                     args=config(tmp_path, max_steps=1), train_dataset=dataset(constraint="Not in the prompt."))
 
 
 def test_config_validation_messages(tmp_path):

@@ -169,9 +169,27 @@ class MRTPOTrainer(GRPOTrainer):
                 f"method {self.args.method!r} needs rewards with evidence, but none of {self.reward_func_names} "
                 "declares any: decorate them with @mrtpo.evidence(...) or wrap task verifiers in VerifierReward"
             )
+        if self.credit_method.needs in ("per_reward", "joint"):
+            self._check_evidence(self.train_dataset)
         self._last_rewards: Tensor | None = None
         self._timing = {"generation": 0.0, "scoring": 0.0, "replay": 0.0}
         self.add_callback(MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl"))
+
+    def _check_evidence(self, dataset: Any) -> None:
+        """Build every row's counterfactual prompts once, before training.
+
+        A missing or repeated ``in_prompt`` span then fails on every rank at start-up with the
+        reward and example named, instead of failing one rank mid-run while the others wait.
+        Streaming datasets (no length) are checked lazily, during the replays.
+        """
+        if dataset is None or not hasattr(dataset, "__len__"):
+            return
+        for row in dataset:
+            example_id = str(row.get("example_id", "?"))
+            for func, name, has in zip(self.reward_funcs, self.reward_func_names, self._with_evidence):
+                ev = evidence_for(func, row) if has else None
+                if ev is not None:
+                    self._counterfactual(row["prompt"], [ev], [name], example_id)
 
     # --- timing wrappers -------------------------------------------------------------------
     def _generate(self, prompts: list):
@@ -252,6 +270,14 @@ class MRTPOTrainer(GRPOTrainer):
         forward calls, then replays and pads with dummy calls up to it, so sharded models
         (FSDP, ZeRO-3) and DDP stay in lockstep.
         """
+        was_training = self.model.training
+        self.model.eval()  # dropout off: the two contexts must differ only by the evidence
+        try:
+            return self._replay_eval_mode(inputs, out)
+        finally:
+            self.model.train(was_training)
+
+    def _replay_eval_mode(self, inputs: list[dict], out: dict) -> dict[str, Tensor | None]:
         needs = self.credit_method.needs
         b, t_max = out["completion_ids"].shape
         k = len(self.reward_funcs)
