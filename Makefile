@@ -1,11 +1,14 @@
 # The README's two commands. Both set up the environment first (idempotent).
 VENV ?= .venv
-.PHONY: setup run test test-slow bench
+.PHONY: setup run demo test test-slow bench
 
 setup:
 	bash scripts/setup.sh
 
 run: setup
+	$(VENV)/bin/mrtpo train --config configs/cpu-demo.yaml
+
+demo: setup
 	$(VENV)/bin/mrtpo demo
 
 test: setup

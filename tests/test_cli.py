@@ -26,3 +26,20 @@ def test_version_and_bench_usage():
     assert run("version").stdout.strip() == mrtpo.__version__
     done = run("bench", "nothing")
     assert done.returncode == 2 and "relevance" in done.stderr
+
+
+def test_top_level_imports_of_the_user_facing_api():
+    done = subprocess.run(
+        [sys.executable, "-c", "from mrtpo import MRTPOConfig, MRTPOTrainer, evidence, Evidence, VerifierReward; "
+         "import mrtpo.credit as c; print(c.gdpo_advantages, c.js_distance, c.token_advantages)"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    import mrtpo
+
+    try:
+        mrtpo.NotAThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NotAThing" in str(exc)
+    else:
+        raise AssertionError("unknown attribute did not raise")

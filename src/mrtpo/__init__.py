@@ -2,10 +2,25 @@
 
 Each reward's advantage is moved onto the tokens that reward is about, measured by replaying the
 policy's own response with and without that reward's evidence (SPEC §1).
+
+``from mrtpo import MRTPOConfig, MRTPOTrainer, evidence`` — the trainer pair is imported lazily
+(it pulls in TRL), the rest is light.
 """
 
 __version__ = "0.1.0"
 
-from mrtpo.verifiers import Evidence, Example, Verifier  # noqa: E402  (re-exported types)
+from mrtpo.rewards import VerifierReward, evidence  # noqa: E402
+from mrtpo.verifiers import Evidence, Example, Verifier  # noqa: E402
 
-__all__ = ["Evidence", "Example", "Verifier", "__version__"]
+_LAZY = {"MRTPOConfig": "mrtpo.trainer", "MRTPOTrainer": "mrtpo.trainer"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mrtpo' has no attribute {name!r}")
+
+
+__all__ = ["Evidence", "Example", "MRTPOConfig", "MRTPOTrainer", "Verifier", "VerifierReward", "__version__", "evidence"]
