@@ -37,3 +37,14 @@ def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path
     assert rows["mrtpo"]["naive_tokens"] > rows["mrtpo"]["unique_tokens"] > 0
     for r in rows.values():
         assert r["update_s"] > 0 and r["generation_s"] > 0
+
+
+def test_relevance_bench_case_reports_chunk_and_memory_fields():
+    from mrtpo.bench.relevance import Case, run_case
+
+    row = run_case(Case(vocab=512, batch=2, length=16, chunk=None), repeats=1)
+    assert row["chunk_used"] == 8192 and row["unchunked"]  # 16 MiB / (4 B × 512): all 32 positions in one chunk
+    assert row["tokens_per_s"] > 0 and row["extra_peak_mib"] >= 0
+    assert row["input_mib"] == 2 * 2 * 16 * 512 * 2 / 2**20
+    small = run_case(Case(vocab=512, batch=2, length=16, chunk=4), repeats=1)
+    assert small["chunk_used"] == 4 and not small["unchunked"]

@@ -3,10 +3,34 @@
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import platform
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
 BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
                               "learn": "mrtpo.bench.learn"}
+
+
+def machine_info() -> dict[str, Any]:
+    """Where a figure was measured: cores, platform, torch and its thread count."""
+    import torch
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "load_average": os.getloadavg()}
+
+
+def write_record(out: Path, benchmark: str, command: str, rows: list[dict], **extra: Any) -> dict:
+    """Write a benchmark's JSON record (what, when, where, the command, the rows) and say where."""
+    record = {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_info(),
+              "command": command, **extra, "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2))
+    print(f"\nwrote {out}")
+    return record
 
 
 def main(argv: list[str]) -> int:

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from mrtpo.credit import CreditBatch, CreditConfig, available_methods, get_method
+from mrtpo.bench import write_record
+from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.replay import (
     DEFAULT_PRIVILEGED_HEADER,
     ForwardCounter,
@@ -215,14 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['method']:>9} {r['generation_s']:>7.1f} {r['scoring_s']:>8.2f} {r['replay_s']:>9.2f} {r['update_s']:>9.2f} "
               f"{r['replay_forward_calls']:>6} {r.get('naive_floor_s', float('nan')):>14.2f} {r.get('unique_floor_s', float('nan')):>15.2f}")
-    result = {"benchmark": "cost of one training step per method (same batch)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                          "threads": torch.get_num_threads()},
-              "command": "mrtpo bench cost " + " ".join(argv or []), "settings": {k: str(v) for k, v in vars(args).items()},
-              "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {args.out}")
+    write_record(args.out, "cost of one training step per method (same batch)", "mrtpo bench cost " + " ".join(argv or []),
+                 rows, settings={k: str(v) for k, v in vars(args).items()})
     return 0
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from mrtpo.bench import write_record
 
 #: Vocabulary sizes of the two preset models: SmolLM2 (49,152) and Qwen2.5 (151,936).
 VOCABS = (49_152, 151_936)
@@ -135,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per case (median)")
     args = parser.parse_args(argv)
 
-    import torch
-
     rows = []
     cases = default_cases(args.quick)
     for i, case in enumerate(cases, 1):
@@ -145,17 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     table = format_table(rows)
     print(table)
     print("(* = chunk_size=None, chosen by auto_chunk_size; extra MiB = peak memory added by the kernel)")
-    result = {
-        "benchmark": "relevance kernel (js_distance)",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
-        "command": "mrtpo bench relevance" + (" --quick" if args.quick else ""),
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {args.out}")
+    write_record(args.out, "relevance kernel (js_distance)", "mrtpo bench relevance" + (" --quick" if args.quick else ""), rows)
     return 0
 
 
