@@ -209,7 +209,8 @@ def _argv(tiny_dir, out, *extra):
 @pytest.fixture(scope="module")
 def bench(tiny_dir, patched_task, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "learn-sql"
-    assert main(_argv(tiny_dir, out)) == 0
+    # Every run evaluates step 0 itself here, so the test below can check that they agree.
+    assert main([*_argv(tiny_dir, out), "--no-share-start-eval"]) == 0
     return out
 
 
@@ -262,8 +263,11 @@ def test_every_run_is_evaluated_at_start_each_step_and_end(bench):
             assert [o["id"] for o in outputs] == first_two * 3
             starts.append([o["output"] for o in outputs[:2]])
             assert json.loads((run / "finished.json").read_text())["steps"] == 2
-    # Step 0 is the same base policy in every run (LoRA starts at B = 0), decoded greedily.
+            assert not any("shared_from" in e for e in evals)
+    # Step 0 is the same base policy in every run (LoRA starts at B = 0), decoded greedily: what
+    # lets a benchmark evaluate it once and share it (checked in the rerun test below).
     assert all(s == starts[0] for s in starts)
+    assert not (bench / "start_eval.json").exists()
 
 
 def test_same_seed_same_prompts_and_first_batch_across_methods(bench):
@@ -297,20 +301,31 @@ def test_rerun_skips_finished_runs_and_redoes_an_unfinished_one(bench, tiny_dir,
     assert printed.count(": finished") == 4 and "[1/" not in printed
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # nothing retrained
 
-    # An interrupted run (no finished marker) is started again from scratch, the others are kept.
-    redo = bench / "mrtpo-seed1"
-    before = {name: (redo / name).read_text() for name in ("prompts.jsonl", "eval_outputs.jsonl")}
-    (redo / "finished.json").unlink()
-    with (redo / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps({"step": 7, "loss": 1.0, "reward": 5.0}) + "\n")
+    # Interrupted runs (no finished marker) are started again from scratch, the others are kept.
+    # This time step 0 is shared: the first redone run evaluates it, the second copies it.
+    redo = [bench / "gdpo-seed1", bench / "mrtpo-seed1"]
+    names = ("prompts.jsonl", "eval_outputs.jsonl", "eval.jsonl")
+    before = {(run, name): (run / name).read_text() for run in redo for name in names}
+    for run in redo:
+        (run / "finished.json").unlink()
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": 7, "loss": 1.0, "reward": 5.0}) + "\n")
     assert main(_argv(tiny_dir, bench)) == 0
     printed = capsys.readouterr().out
-    assert "mrtpo     seed 1: partial" in printed and "[1/1] mrtpo seed 1" in printed
-    assert [r["step"] for r in _jsonl(redo / "metrics.jsonl") if "loss" in r] == [1, 2]
-    for name, text in before.items():
-        assert (redo / name).read_text() == text, name  # same prompts and greedy evaluations again
-    assert {p: p.stat().st_mtime_ns for p in stamps if redo not in p.parents} == \
-        {p: s for p, s in stamps.items() if redo not in p.parents}
+    assert "gdpo      seed 1: partial" in printed and "mrtpo     seed 1: partial" in printed
+    assert "[1/2] gdpo seed 1" in printed and "[2/2] mrtpo seed 1" in printed and "seed 0 ->" not in printed
+    for run in redo:
+        assert [r["step"] for r in _jsonl(run / "metrics.jsonl") if "loss" in r] == [1, 2]
+        for name in ("prompts.jsonl", "eval_outputs.jsonl"):
+            assert (run / name).read_text() == before[(run, name)], (run, name)  # same prompts and outputs
+        old = [json.loads(x) for x in before[(run, "eval.jsonl")].splitlines()]
+        new = _jsonl(run / "eval.jsonl")
+        assert [e["metrics"] for e in new] == [e["metrics"] for e in old]
+    assert "shared_from" not in _jsonl(redo[0] / "eval.jsonl")[0]
+    assert _jsonl(redo[1] / "eval.jsonl")[0]["shared_from"] == "gdpo-seed1"
+    assert json.loads((bench / "start_eval.json").read_text())["run"] == "gdpo-seed1"
+    kept = {p: s for p, s in stamps.items() if p.parent not in redo}
+    assert len(kept) == 2 and {p: p.stat().st_mtime_ns for p in kept} == kept
 
 
 def test_changed_settings_or_controlled_keys_are_refused(bench, tiny_dir, capsys):
@@ -318,6 +333,8 @@ def test_changed_settings_or_controlled_keys_are_refused(bench, tiny_dir, capsys
     assert main([*_argv(tiny_dir, bench), "temperature=0.5"]) == 2
     err = capsys.readouterr().err
     assert "finished with other settings" in err and "temperature: 1.0 vs 0.5" in err
+    assert main([*_argv(tiny_dir, bench), "--eval-size", "3"]) == 2
+    assert "eval_size: 2 vs 3" in capsys.readouterr().err
     assert main([*_argv(tiny_dir, bench), "seed=3"]) == 2
     assert "seed is set by the benchmark" in capsys.readouterr().err
     assert main([*_argv(tiny_dir, bench), "--methods", "gdpo,nope"]) == 2

@@ -16,7 +16,10 @@ diverge only through their updates. Each run records the prompts it trained on
 Each run is evaluated on the first ``--eval-size`` examples of the task's held-out split before
 training, every ``--eval-every`` steps and at the end, with the current policy in eval mode,
 greedy decoding (:func:`mrtpo.evaluate.evaluate_model`, deterministic), inside a forked RNG so
-evaluating does not change the training run. The benchmark folder (``--out``, default
+evaluating does not change the training run. Every run starts from the same policy (the same
+base weights; a fresh LoRA adapter adds exactly zero), so the step-0 evaluation is made once per
+benchmark (``start_eval.json``) and copied into the other runs (``--no-share-start-eval``: every
+run evaluates step 0 itself; the tests check both give the same outputs). The benchmark folder (``--out``, default
 ``runs/bench/learn-<task>``) holds::
 
     bench.json                 what was asked: task, methods, seeds, layers, command, machine
@@ -82,6 +85,8 @@ HELDOUT_METRICS: dict[str, tuple[str, ...]] = {
 _CONTROLLED = ("method", "seed", "output_dir", "task")
 #: Keys that may differ between the runs of one benchmark (everything else must be identical).
 _PER_RUN = ("method", "seed", "output_dir")
+#: Evaluation settings a finished run must share with the current invocation to be kept.
+_EVAL_KEYS = ("eval_every", "eval_size", "eval_batch_size", "eval_max_new_tokens")
 #: Keys of a preset's ``bench:`` section.
 _BENCH_KEYS = ("eval_every", "eval_size", "eval_batch_size", "eval_max_new_tokens", "target_reward",
                "target_key", "target_window", "tail")
@@ -299,15 +304,42 @@ def _eval_callback_class():
         the training run is the same with or without evaluation. Appends one line per evaluation to
         ``eval.jsonl`` (step, the task's scalar metrics, mean new tokens, seconds) and the outputs to
         ``eval_outputs.jsonl``.
+
+        ``start_cache`` (a JSON file) shares the step-0 evaluation between the runs of one benchmark:
+        every run starts from the same policy (the same base weights; a fresh LoRA adapter adds
+        exactly zero), so its greedy step-0 outputs are the same. The first run writes the file with
+        ``signature`` (the settings the runs share); a later run with the same signature copies it,
+        marked ``"shared_from"``, instead of generating again.
         """
 
         def __init__(self, trainer, task, examples, every: int, folder: Path, batch_size: int = 8,
-                     max_new_tokens: int | None = None, at_start: bool = True):
+                     max_new_tokens: int | None = None, at_start: bool = True,
+                     start_cache: Path | None = None, signature: str = ""):
             self.trainer, self.task, self.examples = trainer, task, list(examples)
             self.every, self.folder = int(every), Path(folder)
             self.batch_size, self.max_new_tokens, self.at_start = batch_size, max_new_tokens, at_start
+            self.start_cache, self.signature = (Path(start_cache) if start_cache else None), signature
             self.last_step: int | None = None
             self.seconds = 0.0
+
+        def _write(self, record: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with (self.folder / "eval.jsonl").open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            with (self.folder / "eval_outputs.jsonl").open("a") as f:
+                for o in outputs:
+                    f.write(json.dumps(o, ensure_ascii=False) + "\n")
+            self.last_step = record["step"]
+
+        def _shared_start(self) -> bool:
+            """Copy the cached step-0 evaluation if it was made under the same settings."""
+            if self.start_cache is None or not self.start_cache.is_file():
+                return False
+            cached = json.loads(self.start_cache.read_text())
+            if cached.get("signature") != self.signature:
+                return False
+            self._write({**cached["record"], "shared_from": cached["run"]}, cached["outputs"])
+            return True
 
         def evaluate(self, step: int) -> dict[str, Any]:
             import torch
@@ -337,18 +369,15 @@ def _eval_callback_class():
                 "truncated": sum(not g.stopped for g in gens),
                 "seconds": round(seconds, 3),
             }
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with (self.folder / "eval.jsonl").open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            with (self.folder / "eval_outputs.jsonl").open("a") as f:
-                for g in gens:
-                    f.write(json.dumps({"step": step, **{k: v for k, v in g.record().items() if k != "prompt"}},
-                                       ensure_ascii=False) + "\n")
-            self.last_step = step
+            outputs = [{"step": step, **{k: v for k, v in g.record().items() if k != "prompt"}} for g in gens]
+            self._write(record, outputs)
+            if step == 0 and self.start_cache is not None:
+                self.start_cache.write_text(json.dumps({"signature": self.signature, "run": self.folder.name,
+                                                        "record": record, "outputs": outputs}) + "\n")
             return record
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if self.at_start and state.global_step == 0:
+            if self.at_start and state.global_step == 0 and not self._shared_start():
                 self.evaluate(0)
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -415,9 +444,15 @@ def run_one(config, eval_settings: dict[str, Any], log=print) -> dict[str, Any]:
     examples = task.load("eval", eval_settings["eval_size"]) if eval_settings["eval_size"] else []
     callback = None
     if examples:
+        share = eval_settings.get("share_start_eval", True)
+        signature = json.dumps({"settings": _stable_settings(config),
+                                "eval": {k: eval_settings[k] for k in _EVAL_KEYS if k != "eval_every"}},
+                               sort_keys=True)
         callback = EvalCallback(trainer, task, examples, eval_settings["eval_every"], folder,
                                 batch_size=eval_settings["eval_batch_size"],
-                                max_new_tokens=eval_settings["eval_max_new_tokens"])
+                                max_new_tokens=eval_settings["eval_max_new_tokens"],
+                                start_cache=folder.parent / "start_eval.json" if share else None,
+                                signature=signature)
         trainer.add_callback(callback)
     _record_prompts(trainer, folder / "prompts.jsonl")
     ready = time.perf_counter()
@@ -438,6 +473,7 @@ def run_one(config, eval_settings: dict[str, Any], log=print) -> dict[str, Any]:
         "eval_s": round(eval_s, 1),
         "date": _dt.datetime.now(_dt.UTC).astimezone().isoformat(timespec="seconds"),
         "settings": _stable_settings(config),
+        "eval": {k: eval_settings[k] for k in _EVAL_KEYS},
     }
     (folder / FINISHED).write_text(json.dumps(info, indent=1) + "\n")
     del trainer, callback
@@ -732,6 +768,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target-key", help="metric the target applies to (default reward: the total; or "
                                         "rewards/<name>/mean)")
     p.add_argument("--target-window", type=int, help="trailing mean over this many steps (default 1)")
+    p.add_argument("--no-share-start-eval", action="store_true",
+                   help="evaluate step 0 in every run (default: once per benchmark, copied to the other runs, "
+                        "since every run starts from the same policy)")
     p.add_argument("--out", help="benchmark folder (default runs/bench/learn-<task>)")
     p.add_argument("--compare-only", action="store_true", help="only rebuild the comparison from finished runs")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their status, train nothing")
@@ -767,6 +806,7 @@ def _bench_settings(ns, bench: dict[str, Any], task: str) -> dict[str, Any]:
         "target_key": pick("target_key", "target_key", "reward"),
         "target_window": int(pick("target_window", "target_window", 1)),
         "tail": int(bench.get("tail") or 3),
+        "share_start_eval": not ns.no_share_start_eval,
     }
     for key in ("eval_every", "eval_size"):
         if s[key] < 0:
@@ -832,9 +872,11 @@ def _main(ns, argv: list[str]) -> int:
     for method, seed in plans:
         done = _run_dir(out, method, seed) / FINISHED
         if done.is_file():
-            saved = json.loads(done.read_text()).get("settings", {})
-            if _diff(saved, stable):
-                raise BenchError(f"{done.parent} finished with other settings ({'; '.join(_diff(saved, stable)[:6])}). "
+            saved = json.loads(done.read_text())
+            differs = _diff(saved.get("settings", {}), stable)
+            differs += _diff(saved.get("eval", {}), {k: settings[k] for k in _EVAL_KEYS})
+            if differs:
+                raise BenchError(f"{done.parent} finished with other settings ({'; '.join(differs[:6])}). "
                                  "Use another --out, or delete that run folder to redo it.")
             status[(method, seed)] = "finished"
         else:
