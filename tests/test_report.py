@@ -108,6 +108,7 @@ def test_make_report_writes_html_md_png(run_dir):
     assert "| format | 0.250 | 0.750 | 0.500 |" in md and "| result | 0.000 | 0.500 | 0.250 |" in md
     assert "![training curves](curves.png)" in md
     assert "`format` credit peaks on 'sql'×2.00" in md
+    assert "````text\n```sql" in md  # a completion holding ``` gets a longer fence
     assert "generation 6 s, scoring 2 s, replay 3 s, update 9 s" in md
 
 

@@ -25,6 +25,7 @@ import dataclasses
 import datetime as _dt
 import difflib
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -40,7 +41,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-import yaml  # noqa: E402
+import yaml
 
 TASK_NAMES = ("toolcall", "instructions", "sql")
 CONFIG_NAME = "config.yaml"
@@ -138,7 +139,7 @@ def _field_docs() -> dict[str, str]:
 
     tree = ast.parse(inspect.getsource(RunSettings))
     docs, body = {}, tree.body[0].body
-    for node, nxt in zip(body, body[1:]):
+    for node, nxt in itertools.pairwise(body):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
             docs[node.target.id] = str(nxt.value.value)
     return docs
@@ -641,13 +642,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run, args = config.run, config.args
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(config, out / CONFIG_NAME)
+    main_process = int(os.environ.get("RANK", "0")) == 0  # torchrun / accelerate launch: write files once
+    if main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_config(config, out / CONFIG_NAME)
     t0 = time.perf_counter()
     mode = f"LoRA r={run.lora_r}" if run.lora_r else "full fine-tuning"
-    print(f"mrtpo train · task {run.task} · method {args.method} · model {run.model} ({mode}) · "
-          f"{args.max_steps} steps × {args.generation_batch_size // args.num_generations} prompts × "
-          f"{args.num_generations} completions · output {out}", flush=True)
+    if main_process:
+        print(f"mrtpo train · task {run.task} · method {args.method} · model {run.model} ({mode}) · "
+              f"{args.max_steps} steps × {args.generation_batch_size // args.num_generations} prompts × "
+              f"{args.num_generations} completions · output {out}", flush=True)
     from mrtpo.models import ModelLoadError
 
     try:
@@ -655,14 +659,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ModelLoadError) as exc:
         print(f"mrtpo train: {exc}", file=sys.stderr)
         return 2
-
-    if checkpoint is not None:
+    main_process = trainer.accelerator.is_main_process
+    if checkpoint is not None and main_process:
         step = _checkpoint_step(checkpoint)
         _trim_credit_samples(out, step)
         print(f"resuming from {checkpoint} (step {step})", flush=True)
-    print(f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, rewards "
-          f"{', '.join(trainer.reward_func_names)}", flush=True)
+    trainer.accelerator.wait_for_everyone()
+    if main_process:
+        print(f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, rewards "
+              f"{', '.join(trainer.reward_func_names)}", flush=True)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    if not main_process:
+        return 0
     if run.report:
         from mrtpo.report.build import make_report
 

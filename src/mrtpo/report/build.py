@@ -17,11 +17,19 @@ import html
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrtpo.report.curves import TIME_PHASES, load_metrics, plot_run, reward_names, series, step_records
+from mrtpo.report.curves import (
+    TIME_PHASES,
+    load_metrics,
+    plot_run,
+    reward_names,
+    series,
+    step_records,
+)
 from mrtpo.report.token_view import CSS, CompletionView, CreditRow, render_cards
 
 __all__ = ["load_credit_samples", "make_report", "pick_samples", "sample_view", "summarise"]
@@ -84,7 +92,7 @@ def _examples(config: Mapping[str, Any], ids: set[str]) -> dict[str, Any]:
             if set(found) >= ids:
                 break
         return found
-    except Exception:  # the report must not fail because a task's data moved
+    except Exception:  # noqa: BLE001  (the report must not fail because a task's data moved)
         return {}
 
 
@@ -117,6 +125,11 @@ def sample_view(record: Mapping[str, Any], example_task: tuple | None = None) ->
     reward_str = ", ".join(f"{n}={'n/a' if r is None else f'{r:g}'}" for n, r in rewards.items())
     title = f"step {record.get('step')} · {record.get('method', '?')} · {reward_str}"
     return CompletionView(title, record["tokens"], rows, record.get("advantage"), notes)
+
+
+def _longest_backtick_run(text: str) -> int:
+    runs = re.findall(r"`+", text)
+    return max(map(len, runs)) if runs else 0
 
 
 def _top_tokens(record: Mapping[str, Any], name: str, k: int = 3) -> str:
@@ -158,8 +171,9 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
     lora = f"LoRA r={config['lora_r']}" if config.get("lora_r") else "full fine-tuning"
     info = [("task", task), ("method", method), ("model", f"{model} ({lora})"),
             ("steps logged", f"{summary['steps']} (last step {summary['last_step']})"),
-            ("batch", f"{config.get('per_device_train_batch_size', '?')} completions/device/step, "
-                      f"{config.get('num_generations', '?')} per prompt, max {config.get('max_completion_length', '?')} tokens"),
+            ("batch", (f"{config.get('per_device_train_batch_size', '?')} completions/device/step, "
+                       f"{config.get('num_generations', '?')} per prompt, "
+                       f"max {config.get('max_completion_length', '?')} tokens")),
             ("learning rate", str(config.get("learning_rate", "?")))]
     t = summary["time_total"]
     if t:
@@ -179,11 +193,13 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
         md += [f"### generation step {step}", ""]
         for rec in recs:
             rewards = ", ".join(f"{n}={'n/a' if r is None else f'{r:g}'}" for n, r in rec.get("rewards", {}).items())
-            md += [f"**{rec.get('example_id')}** · {rewards}", "", "```text", "".join(rec["tokens"]).strip(), "```", ""]
+            text = "".join(rec["tokens"]).strip()
+            fence = "`" * max(3, _longest_backtick_run(text) + 1)  # a completion may hold ``` itself
+            md += [f"**{rec.get('example_id')}** · {rewards}", "", f"{fence}text", text, fence, ""]
             md += [f"- `{n}` credit peaks on {_top_tokens(rec, n)}" for n in rec["weights"]]
             md.append("")
-    md += ["Files: `config.yaml` (settings), `metrics.jsonl` (per step), `credit_samples.jsonl` (token weights), "
-           "`checkpoint-N/` (resumable checkpoints), `report.html` (token-credit view).", ""]
+    md += [("Files: `config.yaml` (settings), `metrics.jsonl` (per step), `credit_samples.jsonl` (token weights), "
+            "`checkpoint-N/` (resumable checkpoints), `report.html` (token-credit view)."), ""]
     md_path = out / "report.md"
     md_path.write_text("\n".join(md))
 

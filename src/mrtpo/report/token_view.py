@@ -74,13 +74,13 @@ def render_cards(views: Sequence[CompletionView]) -> str:
     """The colour legend and one card per completion, as an HTML fragment (needs :data:`CSS`).
 
     For pages that embed the view among other content (the training report)."""
-    parts = [
+    parts = [(
         "<p class='legend'>weight: <span style='background:rgba(60,110,200,.6)'>0</span>"
         "<span style='background:#fff;border:1px solid #ddd'>1 (even share)</span>"
         "<span style='background:rgba(230,120,20,.93)'>highest</span> · advantage: "
         "<span style='background:rgba(200,40,40,.8)'>negative</span>"
         "<span style='background:rgba(30,150,60,.8)'>positive</span></p>"
-    ]
+    )]
     for view in views:
         parts.append(f"<div class='card'><h3>{html.escape(view.title)}</h3>")
         if view.notes:
