@@ -340,3 +340,11 @@ def test_lora_run_trains_only_the_adapters_and_explain_loads_them(tiny_dir, tmp_
     assert explain_main(["--task", "sql", "--model", str(ckpt), "--completion", "SELECT 1", "--task-arg",
                          "sample_rows=0", "--out", str(html)]) == 0
     assert "class='tok'" in html.read_text()
+
+
+def test_a_later_layer_replaces_the_generation_pair(tmp_path):
+    saved = tmp_path / "saved.yaml"
+    saved.write_text("steps_per_generation: 2\nper_device_train_batch_size: 4\n")
+    config = load_config([saved], {"generation_batch_size": 12})
+    assert config.args.generation_batch_size == 12 and config.args.steps_per_generation == 3
+    assert load_config([saved]).args.generation_batch_size == 8

@@ -132,6 +132,10 @@ _ALIASES = {"gradient_checkpointing": "activation_checkpointing",
             "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
 
 
+#: TRL refuses both at once: setting one in a later layer replaces the other from earlier layers.
+_EXCLUSIVE = {"steps_per_generation": "generation_batch_size", "generation_batch_size": "steps_per_generation"}
+
+
 def _field_docs() -> dict[str, str]:
     """RunSettings field -> its one-line doc (the string literal under each field)."""
     import ast
@@ -327,7 +331,12 @@ def load_config(
     run_hints, trainer_hints = _type_hints(RunSettings), _type_hints(MRTPOConfig)
     run_names = {f.name for f in dataclasses.fields(RunSettings)}
     for source, layer in layers:
-        for key, value in _check_keys(layer, source, known).items():
+        checked = _check_keys(layer, source, known)
+        for key, value in checked.items():
+            other = _EXCLUSIVE.get(key)
+            if other is not None and other not in checked:  # a later layer's choice replaces the pair
+                merged.pop(other, None)
+                explicit.pop(other, None)
             tp = run_hints[key] if key in run_names else trainer_hints.get(key, Any)
             merged[key] = _coerce(key, value, tp, source)
             explicit[key] = source
