@@ -161,7 +161,8 @@ def plot_run(metrics: str | os.PathLike | Records, out: str | os.PathLike, title
             bottom[s] = bottom.get(s, 0.0) + v
         drawn = True
     if drawn:
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, max(bottom.values()) * 1.45 or 1.0)  # headroom for the legend
+        ax.legend(fontsize=8, ncol=2, loc="upper center")
     else:
         _empty(ax)
     fig.tight_layout()
