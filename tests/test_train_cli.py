@@ -348,3 +348,19 @@ def test_a_later_layer_replaces_the_generation_pair(tmp_path):
     config = load_config([saved], {"generation_batch_size": 12})
     assert config.args.generation_batch_size == 12 and config.args.steps_per_generation == 3
     assert load_config([saved]).args.generation_batch_size == 8
+
+
+@pytest.mark.slow
+def test_cpu_demo_config_runs_one_step_on_the_default_model(tmp_path):
+    """The README's command (configs/cpu-demo.yaml) on the real 0.5B model, cut to one step."""
+    out = tmp_path / "demo"
+    config = Path(__file__).resolve().parents[1] / "configs" / "cpu-demo.yaml"
+    cmd = [sys.executable, "-m", "mrtpo.cli", "train", "--config", str(config), "--output-dir", str(out),
+           "--max-steps", "1", "save_steps=1"]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=ENV, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step = next(json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x)
+    assert step["step"] == 1 and 0 <= step["rewards/format/mean"] <= 1
+    assert step["grad_norm"] > 0 or step["frac_reward_zero_std"] == 1  # an update unless every group tied
+    assert (out / "checkpoint-1" / "adapter_model.safetensors").is_file()
+    assert "data:image/png;base64," in (out / "report.html").read_text()
