@@ -364,3 +364,16 @@ def test_cpu_demo_config_runs_one_step_on_the_default_model(tmp_path):
     assert step["grad_norm"] > 0 or step["frac_reward_zero_std"] == 1  # an update unless every group tied
     assert (out / "checkpoint-1" / "adapter_model.safetensors").is_file()
     assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+def test_a_fresh_run_in_a_used_folder_starts_over(cli_run, tiny_dir, tmp_path, capsys, one_thread):
+    out, proc = cli_run
+    assert proc.returncode == 0
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    assert main(["--task", "sql", "--model", str(tiny_dir), "--output-dir", str(again), "--max-steps", "1",
+                 "report=false", *SMALL]) == 0
+    assert "holds checkpoints of an earlier run" in capsys.readouterr().out
+    steps = [json.loads(x)["step"] for x in (again / "metrics.jsonl").read_text().splitlines()]
+    samples = [json.loads(x)["step"] for x in (again / "credit_samples.jsonl").read_text().splitlines()]
+    assert steps == [1, 1] and samples == [0, 0]  # one step and its summary; nothing left of the 2-step run

@@ -673,6 +673,11 @@ def main(argv: list[str] | None = None) -> int:
         step = _checkpoint_step(checkpoint)
         _trim_credit_samples(out, step)
         print(f"resuming from {checkpoint} (step {step})", flush=True)
+    elif main_process:
+        if any(out.glob("checkpoint-*")):
+            print(f"note: {out} holds checkpoints of an earlier run; starting over in it (use --resume to continue "
+                  "that run instead)", flush=True)
+        _trim_credit_samples(out, 0)  # a fresh run: metrics.jsonl restarts the same way (MetricsJSONL)
     trainer.accelerator.wait_for_everyone()
     if main_process:
         print(f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, rewards "
