@@ -350,3 +350,12 @@ def test_dry_run_lists_the_plan_without_training(tiny_dir, tmp_path, capsys):
             assert f"{m:<9} seed {s}: to do" in printed
     assert "2 steps × 2 prompts × 4 completions" in printed
     assert not out.exists()
+
+
+def test_compare_only_rebuilds_from_finished_runs_and_keeps_the_training_command(bench, tiny_dir, capsys):
+    (bench / "comparison.md").unlink()
+    assert main([*_argv(tiny_dir, bench), "--compare-only"]) == 0
+    assert "[1/" not in capsys.readouterr().out  # nothing trained
+    md = (bench / "comparison.md").read_text()
+    command = next(line for line in md.splitlines() if line.startswith("- **command**"))
+    assert "--compare-only" not in command and "--methods gdpo,mrtpo" in command

@@ -39,9 +39,11 @@ finished runs only. The benchmark runs in one process (no ``torchrun``/``acceler
 
 Presets: ``--preset cpu`` (configs/bench-learn-cpu.yaml: qwen2.5-coder-0.5b, LoRA r=16 on bf16
 weights, 2 prompts x 4 completions of <= 64 tokens per step, 8 steps, held-out eval on 8 items
-every 4 steps) takes roughly 10-15 minutes per run on an idle 2-core CPU (a step ~60-100 s, an
-eval of 8 SQL items ~30-60 s) and several times that when the cores are shared; 5 methods x 3
-seeds is therefore an overnight job. ``--preset gpu`` (configs/bench-learn-gpu.yaml: full
+every 4 steps). Measured on the 2-core CPU here (sql, 1 prompt x 4 completions of <= 48 tokens):
+~45 s per step and ~80 s per 8-item evaluation when the machine was quiet, 160-370 s per step
+and 135-400 s per evaluation when other jobs shared the cores. A cpu-preset step (twice the
+completions) is about twice that, so a run takes roughly 15-20 minutes on a quiet machine and an
+hour or more on a shared one; 5 methods x 3 seeds is an overnight job. ``--preset gpu`` (configs/bench-learn-gpu.yaml: full
 fine-tuning, bf16 mixed precision, 4 prompts x 8 completions of <= 256 tokens, 200 steps, eval on
 128 items every 25 steps) is sized for one GPU of 24 GB or more; it has not been timed here.
 """
@@ -592,7 +594,8 @@ def build_comparison(out: str | os.PathLike, task: str, methods: Sequence[str], 
         evals_series = {(m, s): evals_of[(m, s)] for m, s, _, _ in runs}
         pngs["heldout"] = _plot(out / "heldout.png", methods, curves, evals_series, _eval_series,
                                 [(f"heldout/{m}", f"held-out {m}") for m in heldout],
-                                f"{task}: held-out metrics (greedy; mean over seeds, band = min-max)")
+                                f"{task}: held-out metrics (greedy; mean over seeds, band = min-max)",
+                                ylim=(-0.03, 1.03))  # rates: a full axis, so small changes look small
     (out / "comparison.md").write_text(_markdown(result, labels, keys, pngs))
     return result
 
@@ -603,7 +606,7 @@ def _eval_series(evals: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int
     return [p[0] for p in pairs], [float(p[1]) for p in pairs]
 
 
-def _plot(path: Path, methods, curves, per_seed, series_fn, panels, title, hlines=None) -> Path:
+def _plot(path: Path, methods, curves, per_seed, series_fn, panels, title, hlines=None, ylim=None) -> Path:
     """One PNG: a panel per (key, title); per method its seed-mean line, min-max band, seed lines;
     ``hlines``: key -> (value, label) drawn as a dashed line (the target)."""
     import matplotlib
@@ -645,6 +648,8 @@ def _plot(path: Path, methods, curves, per_seed, series_fn, panels, title, hline
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="#888")
+        if ylim is not None:
+            ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -856,11 +861,15 @@ def _main(ns, argv: list[str]) -> int:
         "machine": _machine(),
         "model": f"{run.model} ({f'LoRA r={run.lora_r}' if run.lora_r else 'full fine-tuning'}, {run.dtype})",
         "preset": str(preset),
-        "settings": (f"{args.max_steps} steps × {prompts} prompts × {args.num_generations} completions, max "
+        "settings": (f"{args.max_steps} steps × {prompts} prompt{'s' * (prompts != 1)} × {args.num_generations} "
+                     f"completions, max "
                      f"{args.max_completion_length} tokens, T={args.temperature}, lr {args.learning_rate:g}; eval on "
                      f"{settings['eval_size']} held-out items every {settings['eval_every']} steps"),
     }
     stable = _stable_settings(any_config)
+    if ns.compare_only and (out / "bench.json").is_file():  # keep the command that trained the runs
+        saved = json.loads((out / "bench.json").read_text())
+        header.update({k: saved[k] for k in header if k in saved})
 
     def compare() -> dict[str, Any]:
         return build_comparison(out, ns.task, methods, seeds, target=settings["target_reward"],
