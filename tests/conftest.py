@@ -14,3 +14,23 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny random model + tokenizer folder, for the CLI tests (`--model <dir>`)."""
+    from mrtpo.testing import tiny_policy
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    model, tok = tiny_policy(seed=0, max_position_embeddings=4096)  # sql prompts are ~1,100 bytes
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tiny_model_dir):
+    return tiny_model_dir

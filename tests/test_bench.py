@@ -4,18 +4,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from mrtpo.testing import tiny_policy
-
-    model, tok = tiny_policy(seed=0)
-    path = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path):

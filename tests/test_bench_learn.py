@@ -176,17 +176,6 @@ METHODS, SEEDS = ("gdpo", "mrtpo"), (0, 1)
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from mrtpo.testing import tiny_policy
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    model, tok = tiny_policy(seed=0, max_position_embeddings=4096)  # sql prompts are ~1,100 bytes
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def patched_task():
     from mrtpo.tasks.sql import SqlTask
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-import sys
 import time
 from pathlib import Path
 

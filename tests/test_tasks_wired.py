@@ -7,17 +7,6 @@ import sys
 import pytest
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from mrtpo.testing import tiny_policy
-
-    model, tok = tiny_policy(seed=0)
-    path = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def mrtpo(*args, timeout=600):
     done = subprocess.run([sys.executable, "-m", "mrtpo.cli", *args], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

@@ -23,17 +23,6 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "OM
 SMALL = ["task_args={sample_rows: 0}", "train_size=4", "max_completion_length=12", "save_steps=1"]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from mrtpo.testing import tiny_policy
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    model, tok = tiny_policy(seed=0, max_position_embeddings=4096)  # sql prompts are ~1,100 bytes
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 @pytest.fixture
 def one_thread():
     before = torch.get_num_threads()
