@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.credit import CreditBatch, compute_advantages, relevance_weights
     from mrtpo.models import load_policy
     from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, prompt_renderer, replay_completion
+    from mrtpo.sampling import sample_group
     from mrtpo.report.token_view import CompletionView, CreditRow, render_html
     from mrtpo.tasks import get_task
 
@@ -61,22 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     steps.update()
 
     steps.set_postfix_str(f"sampling {args.group_size} completions")
-    prompt_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        out = model.generate(
-            prompt_ids.repeat(args.group_size, 1), attention_mask=torch.ones_like(prompt_ids).repeat(args.group_size, 1),
-            do_sample=True, temperature=args.temperature, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    completions: list[list[int]] = []
-    for row in out[:, prompt_ids.shape[1]:].tolist():
-        ids = []
-        for tok in row:
-            ids.append(tok)
-            if tok in stop:
-                break
-        completions.append(ids)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    sampled, lengths = sample_group(model, tokenizer, prompt_ids, args.group_size, args.max_new_tokens, args.temperature)
+    completions = [row[:n].tolist() for row, n in zip(sampled, lengths.tolist())]
     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
     steps.update()
 

@@ -25,7 +25,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import re
 import shlex
 import sys
@@ -33,6 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mrtpo.bench import machine_info
 
 #: Default ``max_new_tokens`` per task (long enough for the task's answers: one or a few tool
 #: calls, one SQL query, an IFEval response of a few paragraphs).
@@ -453,37 +454,6 @@ def render_markdown(metrics: dict[str, Any], run: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _machine() -> dict[str, Any]:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    info = {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "gpu": gpu,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
-        pass
-    info["summary"] = f"{gpu or cpu}, {info['cpu_count']} CPUs ({info['torch_threads']} torch threads), torch {torch.__version__}"
-    return info
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip("/")).strip("_")[-60:] or "model"
 
@@ -583,7 +553,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         },
         "seed": args.seed,
         "date": date,
-        "machine": _machine(),
+        "machine": machine_info(),
         "load_s": round(loaded - started, 3),
         "scoring_s": round(score_s, 3),
         "elapsed_s": round(finished - started, 3),

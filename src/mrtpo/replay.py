@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -115,6 +116,38 @@ def counterfactual_prompt(
     return prompt
 
 
+def replay_contexts(
+    example: Example,
+    evidences: Sequence[Evidence | None],
+    render: PromptRenderer,
+    ids_of: Callable[[str], list[int]],
+    *,
+    names: Sequence[str],
+    per_reward: bool = True,
+    joint: bool = False,
+    header: str = DEFAULT_PRIVILEGED_HEADER,
+) -> tuple[list[list[int]], list[str], list[str]]:
+    """Token ids of one example's replay contexts, for :func:`group_relevance`.
+
+    Order: the original prompt; with ``per_reward`` one counterfactual per reward that has
+    evidence; with ``joint`` one counterfactual with all the evidence at once (``contrast``).
+    Returns ``(contexts, placements, names of the rewards with evidence)``; a joint context's
+    placement is ``in_prompt`` (the original carries the evidence, as for a removed span).
+    """
+    present = [(ev, n) for ev, n in zip(evidences, names) if ev is not None]
+    contexts = [ids_of(render(example))]
+    placements: list[str] = []
+    if per_reward:
+        for ev, n in present:
+            contexts.append(ids_of(counterfactual_prompt(example, [ev], render, header, verifiers=[n])))
+            placements.append(ev.placement)
+    if joint and present:
+        contexts.append(ids_of(counterfactual_prompt(example, [e for e, _ in present], render, header,
+                                                     verifiers=[n for _, n in present])))
+        placements.append("in_prompt")
+    return contexts, placements, [n for _, n in present]
+
+
 @torch.no_grad()
 def completion_logits(model: Any, prompt_ids: Tensor, completion_ids: Tensor) -> Tensor:
     """Logits ``(T, V)`` predicting each of the ``T`` completion tokens after ``prompt_ids`` ``(P,)``.
@@ -151,10 +184,12 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
 
 
 class ForwardCounter:
-    """Counts model forward calls (every rank must make the same number under FSDP / ZeRO-3)."""
+    """Counts model forward calls (every rank must make the same number under FSDP / ZeRO-3),
+    and the seconds :func:`group_relevance` spends in the relevance kernels (for ``bench cost``)."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.kernel_s = 0.0
 
 
 @torch.no_grad()
@@ -244,14 +279,17 @@ def group_relevance(
     base = None
     for index, logits in group_context_logits(model, contexts, completions, counter):
         device_mask = mask.to(logits.device)
+        start = time.perf_counter()
         if index == 0:
             base = logits
             if with_entropy:
                 ent = entropy_map(base, device_mask, chunk_size, temperature).cpu()
-            continue
-        with_ev, without_ev = (base, logits) if placements[index - 1] == "in_prompt" else (logits, base)
-        maps[index - 1] = relevance_fn(kind, with_ev, without_ev, completions.to(logits.device), device_mask,
-                                       chunk_size, temperature, top_k).cpu()
+        else:
+            with_ev, without_ev = (base, logits) if placements[index - 1] == "in_prompt" else (logits, base)
+            maps[index - 1] = relevance_fn(kind, with_ev, without_ev, completions.to(logits.device), device_mask,
+                                           chunk_size, temperature, top_k).cpu()
+        if counter is not None:
+            counter.kernel_s += time.perf_counter() - start
     return GroupRelevance(maps=maps, entropy=ent)
 
 
@@ -295,13 +333,8 @@ def replay_completion(
 
     completion_ids = completion_ids.to(torch.long).cpu()
     t = completion_ids.numel()
-    present = [(ev, n) for ev, n in zip(evidences, names) if ev is not None]
-    contexts = [ids_of(render(example))]
-    contexts += [ids_of(counterfactual_prompt(example, [ev], render, header, verifiers=[n])) for ev, n in present]
-    if with_joint and present:
-        contexts.append(ids_of(counterfactual_prompt(example, [e for e, _ in present], render, header,
-                                                     verifiers=[n for _, n in present])))
-    placements = [ev.placement for ev, _ in present] + (["in_prompt"] if len(contexts) > len(present) + 1 else [])
+    contexts, placements, present = replay_contexts(example, evidences, render, ids_of, names=names, joint=with_joint,
+                                                    header=header)
     group = group_relevance(model, contexts, placements, completion_ids.unsqueeze(0), torch.tensor([t]), kind=kind,
                             temperature=temperature, chunk_size=chunk_size, top_k=top_k, with_entropy=with_entropy)
     maps = [m[0] for m in group.maps]
@@ -335,4 +368,5 @@ __all__ = [
     "prompt_renderer",
     "remove_span",
     "replay_completion",
+    "replay_contexts",
 ]

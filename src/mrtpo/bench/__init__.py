@@ -12,15 +12,36 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
-                              "learn": "mrtpo.bench.learn"}
+                              "learn": "mrtpo.bench.learn", "lift": "mrtpo.bench.lift"}
 
 
 def machine_info() -> dict[str, Any]:
-    """Where a figure was measured: cores, platform, torch and its thread count."""
+    """Where a figure was measured: CPU or GPU, cores, torch threads, versions, load average.
+
+    ``summary`` is a one-line description for tables and Markdown.
+    """
     import torch
 
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "load_average": os.getloadavg()}
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+                            "threads": torch.get_num_threads(), "gpu": gpu, "python": platform.python_version(),
+                            "torch": torch.__version__, "load_average": os.getloadavg()}
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    info["summary"] = f"{gpu or cpu}, {info['cpus']} CPUs ({info['threads']} torch threads), torch {torch.__version__}"
+    return info
 
 
 def write_record(out: Path, benchmark: str, command: str, rows: list[dict], **extra: Any) -> dict:

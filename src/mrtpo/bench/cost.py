@@ -28,14 +28,8 @@ import torch
 
 from mrtpo.bench import write_record
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
-from mrtpo.replay import (
-    DEFAULT_PRIVILEGED_HEADER,
-    ForwardCounter,
-    common_prefix_length,
-    counterfactual_prompt,
-    group_relevance,
-    prompt_renderer,
-)
+from mrtpo.replay import ForwardCounter, common_prefix_length, group_relevance, prompt_renderer, replay_contexts
+from mrtpo.sampling import sample_group
 
 
 def _parse(argv):
@@ -67,21 +61,6 @@ def _plain_forward_seconds(model, sequences: list[tuple[list[int], int]]) -> tup
         model(input_ids=torch.tensor([seq]), logits_to_keep=keep, use_cache=False)
         tokens += len(seq)
     return time.perf_counter() - start, tokens
-
-
-def _contexts(needs, example, evidences, names, render, tokenize):
-    present = [(ev, n) for ev, n in zip(evidences, names) if ev is not None]
-    contexts = [tokenize(render(example))]
-    placements: list[str] = []
-    if needs == "per_reward":
-        for ev, n in present:
-            contexts.append(tokenize(counterfactual_prompt(example, [ev], render, DEFAULT_PRIVILEGED_HEADER, verifiers=[n])))
-            placements.append(ev.placement)
-    elif needs == "joint" and present:
-        contexts.append(tokenize(counterfactual_prompt(example, [e for e, _ in present], render,
-                                                       DEFAULT_PRIVILEGED_HEADER, verifiers=[n for _, n in present])))
-        placements.append("in_prompt")
-    return contexts, placements, present
 
 
 def _update(model, prompt_ids, completions, mask, advantages, lr=1e-6):
@@ -129,16 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     batch = []
     for ex in examples:
         p_ids = tokenize(render(ex))
-        out = model.generate(torch.tensor([p_ids] * args.group_size), attention_mask=torch.ones(args.group_size, len(p_ids), dtype=torch.long),
-                             do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
-                             pad_token_id=tok.pad_token_id)
-        comps = out[:, len(p_ids):]
-        stop = {tok.eos_token_id, tok.pad_token_id}
-        lengths = []
-        for row in comps.tolist():
-            n = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
-            lengths.append(n)
-        batch.append((ex, p_ids, comps, torch.tensor(lengths)))
+        comps, lengths = sample_group(model, tok, p_ids, args.group_size, args.max_new_tokens)
+        batch.append((ex, p_ids, comps, lengths))
     generation_s = time.perf_counter() - gen_start
     texts = [[tok.decode(c[:n], skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())] for _, _, comps, lengths in batch]
     rewards, scoring_s = _timed(lambda: torch.tensor([[float("nan") if (r := v(t, ex)) is None else float(r) for v in verifiers]
@@ -171,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         if method.needs != "none":
             for g, (ex, _, comps, lengths) in enumerate(batch):
                 evidences = [v.evidence(ex) for v in verifiers]
-                contexts, placements, present = _contexts(method.needs, ex, evidences, names, render, tokenize)
+                contexts, placements, present = replay_contexts(ex, evidences, render, tokenize, names=names,
+                                                                per_reward=method.needs == "per_reward",
+                                                                joint=method.needs == "joint")
                 n = int(lengths.max())
                 sl = slice(g * args.group_size, (g + 1) * args.group_size)
                 result = group_relevance(model, contexts, placements, comps[:, :n], lengths, temperature=1.0,
@@ -181,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif method.needs == "joint" and len(contexts) > 1:
                     joint[sl, :n] = result.maps[0]
                 elif method.needs == "per_reward":
-                    for c_idx, k in enumerate([names.index(nm) for _, nm in present]):
+                    for c_idx, k in enumerate([names.index(nm) for nm in present]):
                         relevance[sl, k, :n] = result.maps[c_idx]
                         has[sl, k] = True
                 comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
@@ -198,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         advantages = method(credit, CreditConfig())
         _, update_s = _timed(lambda: _update(model, prompt_ids, completions, mask, advantages))
         row = {"method": method_name, "needs": method.needs, "generation_s": generation_s, "scoring_s": scoring_s,
-               "replay_s": replay_s, "update_s": update_s, "replay_forward_calls": counter.calls}
+               "replay_s": replay_s, "replay_kernel_s": counter.kernel_s, "update_s": update_s,
+               "replay_forward_calls": counter.calls}
         if naive:
             naive_s, naive_tokens = _plain_forward_seconds(model, naive)
             unique_s, unique_tokens = _plain_forward_seconds(model, [u for u in unique if u[0]])
@@ -208,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"[{method_name}] replay {replay_s:.2f}s update {update_s:.2f}s", file=sys.stderr, flush=True)
 
-    header = f"{'method':>9} {'gen s':>7} {'score s':>8} {'replay s':>9} {'update s':>9} {'calls':>6} {'naive floor s':>14} {'unique floor s':>15}"
+    header = (f"{'method':>9} {'gen s':>7} {'score s':>8} {'replay s':>9} {'of it kernel s':>15} {'update s':>9} {'calls':>6} "
+              f"{'naive floor s':>14} {'unique floor s':>15}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['method']:>9} {r['generation_s']:>7.1f} {r['scoring_s']:>8.2f} {r['replay_s']:>9.2f} {r['update_s']:>9.2f} "
+        print(f"{r['method']:>9} {r['generation_s']:>7.1f} {r['scoring_s']:>8.2f} {r['replay_s']:>9.2f} "
+              f"{r['replay_kernel_s']:>15.2f} {r['update_s']:>9.2f} "
               f"{r['replay_forward_calls']:>6} {r.get('naive_floor_s', float('nan')):>14.2f} {r.get('unique_floor_s', float('nan')):>15.2f}")
     write_record(args.out, "cost of one training step per method (same batch)", "mrtpo bench cost " + " ".join(argv or []),
                  rows, settings={k: str(v) for k, v in vars(args).items()})

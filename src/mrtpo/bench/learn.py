@@ -56,7 +56,6 @@ import gc
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
 import sys
@@ -69,6 +68,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import yaml
+
+from mrtpo.bench import machine_info
 
 METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
 DEFAULT_SEEDS = (0, 1, 2)
@@ -734,21 +735,6 @@ def _markdown(result: Mapping[str, Any], labels: Mapping[str, str], keys: Sequen
 # --------------------------------------------------------------------------------------------
 # The command.
 # --------------------------------------------------------------------------------------------
-def _machine() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return f"{gpu or cpu}, {os.cpu_count()} CPUs ({torch.get_num_threads()} torch threads), torch {torch.__version__}"
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mrtpo bench learn",
@@ -858,7 +844,7 @@ def _main(ns, argv: list[str]) -> int:
     header = {
         "command": shlex.join(["mrtpo", "bench", "learn", *argv]),
         "date": _dt.datetime.now(_dt.UTC).astimezone().isoformat(timespec="seconds"),
-        "machine": _machine(),
+        "machine": machine_info()["summary"],
         "model": f"{run.model} ({f'LoRA r={run.lora_r}' if run.lora_r else 'full fine-tuning'}, {run.dtype})",
         "preset": str(preset),
         "settings": (f"{args.max_steps} steps × {prompts} prompt{'s' * (prompts != 1)} × {args.num_generations} "

@@ -33,6 +33,10 @@ class Task(Protocol):
     # Optional: ``render_prompt(example, tokenizer) -> str``, the exact prompt string the policy
     # sees. Generation and the evidence replays both use it (see mrtpo.replay.prompt_renderer);
     # without it the chat template is applied to ``example.messages`` with ``example.tools``.
+    #
+    # Optional, for ``mrtpo bench lift``: ``checked_spans(example, text)`` -> ``[(reward name, span
+    # kind, [(start, end), ...])]``, the characters of ``text`` each reward's checker reads, and
+    # ``may_have_checked_spans(example) -> bool``, which prompts can have one.
 
 
 _TASKS: dict[str, Callable[..., Task]] = {}

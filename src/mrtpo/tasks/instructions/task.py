@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from mrtpo.tasks import register_task
-from mrtpo.tasks.instructions import data, evaluate as _evaluate, generate as _generate
+from mrtpo.tasks.instructions import data, evaluate as _evaluate, generate as _generate, spans as _spans
 from mrtpo.tasks.instructions.verifiers import ConstraintVerifier, slot_verifiers
 from mrtpo.verifiers import Example
 
@@ -71,3 +71,11 @@ class InstructionsTask:
 
     def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
         return _evaluate.evaluate(outputs, examples)
+
+    def may_have_checked_spans(self, example: Example) -> bool:
+        """Some constraint of ``example`` reads a local span (:mod:`.spans`; ``mrtpo bench lift``)."""
+        return _spans.has_span_constraint(example)
+
+    def checked_spans(self, example: Example, text: str) -> list[tuple[str, str, list[tuple[int, int]]]]:
+        """Where each constraint's checker reads ``text`` (:mod:`.spans`), for ``mrtpo bench lift``."""
+        return _spans.checked_spans(example, text, [v.name for v in self._verifiers])

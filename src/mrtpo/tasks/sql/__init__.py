@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from mrtpo.tasks import register_task
+from mrtpo.tasks.sql import spans as _spans
 from mrtpo.tasks.sql.evaluate import evaluate as _evaluate
 from mrtpo.tasks.sql.loader import EVAL_DBS, SPLITS, TRAIN_DBS, SpiderDataError, load_items
 from mrtpo.tasks.sql.prompt import FORMAT_INSTRUCTION, build_messages, schema_block
@@ -80,6 +81,14 @@ class SqlTask:
     def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
         """Execution accuracy per database and overall, executable and format rates."""
         return _evaluate(outputs, examples, self.cache)
+
+    def may_have_checked_spans(self, example: Example) -> bool:
+        """Every question: its completions can have fences and a query (``mrtpo bench lift``)."""
+        return True
+
+    def checked_spans(self, example: Example, text: str) -> list[tuple[str, str, list[tuple[int, int]]]]:
+        """Where each reward's checker reads ``text`` (:mod:`.spans`), for ``mrtpo bench lift``."""
+        return _spans.checked_spans(example, text, [v.name for v in self.verifiers()])
 
 
 __all__ = [

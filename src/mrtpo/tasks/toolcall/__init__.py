@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from mrtpo.tasks import register_task
+from mrtpo.tasks.toolcall import spans as _spans
 from mrtpo.tasks.toolcall.data import (
     EVAL_CATEGORIES,
     SUPPORTED_CATEGORIES,
@@ -40,6 +41,7 @@ from mrtpo.tasks.toolcall.verifiers import (
     CorrectnessVerifier,
     FormatVerifier,
     canonical_gold,
+    gold_calls,
     render_tool_calls,
     toolrl_score,
 )
@@ -133,6 +135,14 @@ class ToolCallTask:
     def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
         """BFCL AST accuracy per category, overall, and the format rate (JSON-serialisable)."""
         return evaluate_outputs(outputs, examples)
+
+    def may_have_checked_spans(self, example: Example) -> bool:
+        """Items with a gold call: their argument values can be checked spans (``mrtpo bench lift``)."""
+        return bool(gold_calls(example.gold.get("ground_truth", [])))
+
+    def checked_spans(self, example: Example, text: str) -> list[tuple[str, str, list[tuple[int, int]]]]:
+        """Where ``correctness`` reads ``text`` (:mod:`.spans`), for ``mrtpo bench lift``."""
+        return _spans.checked_spans(example, text, [v.name for v in self.verifiers()])
 
     @staticmethod
     def render_prompt(example: Example, tokenizer: Any = None) -> str:

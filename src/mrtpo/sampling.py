@@ -1,0 +1,34 @@
+"""Sample a group of completions of one prompt, the way the benchmarks and the demo need them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@torch.no_grad()
+def sample_group(model: Any, tokenizer: Any, prompt_ids: list[int], group_size: int, max_new_tokens: int,
+                 temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``group_size`` sampled completions of ``prompt_ids`` (pure temperature sampling, no top-k/p).
+
+    Returns ``(completions, lengths)``: ``(G, T)`` ids, right-padded with the pad token, and ``(G,)``
+    lengths that count the first end-of-sequence token (the policy chose it, so it is replayed
+    and credited like any other token).
+    """
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids] * group_size, device=device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature,
+                         top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    completions = out[:, len(prompt_ids):].cpu()
+    stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    lengths = [next((i + 1 for i, t in enumerate(row) if t in stop), len(row)) for row in completions.tolist()]
+    t = max(lengths)
+    completions = completions[:, :t].clone()
+    for i, n in enumerate(lengths):
+        completions[i, n:] = tokenizer.pad_token_id
+    return completions, torch.tensor(lengths)
+
+
+__all__ = ["sample_group"]
