@@ -136,3 +136,29 @@ def test_identical_contexts_give_identical_logits_through_the_cache_path(policy)
     comp = torch.tensor([tok(" an answer", add_special_tokens=False)["input_ids"]])
     logits = dict(group_context_logits(model, [ctx, list(ctx)], comp))
     assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_group_relevance_in_micro_batches_equals_one_pass(policy, micro_batch):
+    """Replaying a group a few completions at a time changes the memory, not the maps."""
+    from mrtpo.replay import ForwardCounter, group_relevance, replay_passes
+
+    model, tok = policy
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    contexts = [enc("Rules: be brief. Q: why?"), enc("Rules: Q: why?"), enc("Rules: be brief. Q: why? Ref: 42")]
+    texts = [" Because it rains.", " No.", " Maybe so, later."]
+    t = max(len(enc(x)) for x in texts)
+    padded = torch.full((3, t), tok.pad_token_id)
+    lengths = torch.tensor([len(enc(x)) for x in texts])
+    for i, x in enumerate(texts):
+        padded[i, : len(enc(x))] = torch.tensor(enc(x))
+    placements = ["in_prompt", "privileged"]
+    whole = group_relevance(model, contexts, placements, padded, lengths, with_entropy=True)
+    counter = ForwardCounter()
+    parts = group_relevance(model, contexts, placements, padded, lengths, with_entropy=True,
+                            micro_batch=micro_batch, counter=counter)
+    torch.testing.assert_close(parts.maps, whole.maps, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(parts.entropy, whole.entropy, atol=1e-5, rtol=1e-4)
+    assert replay_passes(3, micro_batch) == (3 if micro_batch == 1 else 2)
+    assert counter.calls == replay_passes(3, micro_batch) * (1 + 2 * len(contexts))
+    assert parts.maps[:, 1, int(lengths[1]):].abs().sum() == 0

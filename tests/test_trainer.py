@@ -148,13 +148,18 @@ def test_config_validation_messages(tmp_path):
         make_trainer(tmp_path, [plain_length])
 
 
-def test_trainer_relevance_matches_a_standalone_replay(tmp_path):
-    """The trainer's grouped, KV-shared replay gives the relevance of replaying the pair alone."""
+@pytest.mark.parametrize("micro_batch", [None, 1])
+def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch):
+    """The trainer's grouped, KV-shared replay gives the relevance of replaying the pair alone,
+    whether a group's completions replay together or one at a time (``replay_micro_batch``)."""
     from mrtpo.replay import replay_completion
     from mrtpo.verifiers import Example
 
-    trainer = make_trainer(tmp_path, [has_letter_e, long_enough, plain_length], max_steps=1)
+    trainer = make_trainer(tmp_path, [has_letter_e, long_enough, plain_length], max_steps=1,
+                           replay_micro_batch=micro_batch)
     trainer.train()
+    # 2 groups of 2 completions, 3 contexts: prefix + 2 per context = 7 calls a pass
+    assert trainer.replay_forward_calls == 2 * 7 * (1 if micro_batch is None else 2)
     sample = json.loads((tmp_path / "credit_samples.jsonl").read_text().splitlines()[0])
     row = next(r for r in dataset() if r["example_id"] == sample["example_id"])
     model, tok = tiny_policy(seed=0)  # the weights the first batch was replayed with

@@ -250,6 +250,11 @@ class GroupRelevance:
     entropy: Tensor | None = None
 
 
+def replay_passes(group_size: int, micro_batch: int | None) -> int:
+    """How many passes :func:`group_relevance` makes over a group of ``group_size`` completions."""
+    return 1 if micro_batch is None or micro_batch >= group_size else -(-group_size // micro_batch)
+
+
 def group_relevance(
     model: Any,
     contexts: Sequence[Sequence[int]],
@@ -262,6 +267,7 @@ def group_relevance(
     chunk_size: int | None = None,
     top_k: int | None = None,
     with_entropy: bool = False,
+    micro_batch: int | None = None,
     counter: ForwardCounter | None = None,
 ) -> GroupRelevance:
     """Relevance of each counterfactual ``contexts[1:]`` against the original ``contexts[0]``.
@@ -269,27 +275,36 @@ def group_relevance(
     ``placements[i]`` says which side of counterfactual ``i`` carries the evidence
     (``in_prompt``: the original; ``privileged``: the counterfactual), which matters for ``kl``.
     ``completions``: ``(G, T)`` right-padded ids of the group's completions, ``lengths``: ``(G,)``.
+    ``micro_batch``: replay at most this many completions at once (``None``: the whole group).
+    The logits held at a time scale with it (about 12-14 bytes x rows x T x V); each pass
+    re-runs the contexts, so :func:`replay_passes` times the forward calls of one pass.
     """
     if len(placements) != len(contexts) - 1:
         raise ValueError(f"need one placement per counterfactual: {len(contexts) - 1}, got {len(placements)}")
+    if micro_batch is not None and micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1 or None, got {micro_batch}")
     g, t = completions.shape
     mask = torch.arange(t).unsqueeze(0) < lengths.cpu().view(-1, 1)
     maps = torch.zeros(len(contexts) - 1, g, t)
-    ent = None
-    base = None
-    for index, logits in group_context_logits(model, contexts, completions, counter):
-        device_mask = mask.to(logits.device)
-        start = time.perf_counter()
-        if index == 0:
-            base = logits
-            if with_entropy:
-                ent = entropy_map(base, device_mask, chunk_size, temperature).cpu()
-        else:
-            with_ev, without_ev = (base, logits) if placements[index - 1] == "in_prompt" else (logits, base)
-            maps[index - 1] = relevance_fn(kind, with_ev, without_ev, completions.to(logits.device), device_mask,
-                                           chunk_size, temperature, top_k).cpu()
-        if counter is not None:
-            counter.kernel_s += time.perf_counter() - start
+    ent = torch.zeros(g, t) if with_entropy else None
+    step = g if replay_passes(g, micro_batch) == 1 else micro_batch
+    for first_row in range(0, g, step):
+        rows = slice(first_row, min(g, first_row + step))
+        sub = completions[rows]
+        base = None
+        for index, logits in group_context_logits(model, contexts, sub, counter):
+            device_mask = mask[rows].to(logits.device)
+            start = time.perf_counter()
+            if index == 0:
+                base = logits
+                if with_entropy:
+                    ent[rows] = entropy_map(base, device_mask, chunk_size, temperature).cpu()
+            else:
+                with_ev, without_ev = (base, logits) if placements[index - 1] == "in_prompt" else (logits, base)
+                maps[index - 1, rows] = relevance_fn(kind, with_ev, without_ev, sub.to(logits.device), device_mask,
+                                                     chunk_size, temperature, top_k).cpu()
+            if counter is not None:
+                counter.kernel_s += time.perf_counter() - start
     return GroupRelevance(maps=maps, entropy=ent)
 
 
@@ -369,4 +384,5 @@ __all__ = [
     "remove_span",
     "replay_completion",
     "replay_contexts",
+    "replay_passes",
 ]

@@ -45,6 +45,7 @@ from mrtpo.replay import (
     common_prefix_length,
     group_relevance,
     remove_span,
+    replay_passes,
 )
 from mrtpo.rewards import declares_evidence, evidence_for
 from mrtpo.verifiers import Evidence
@@ -63,6 +64,7 @@ class MRTPOConfig(GRPOConfig):
     w_max: float | None = field(default=None, metadata={"help": "cap on one token's weight (then renormalised); None: no cap"})
     relevance_chunk_size: int | None = field(default=None, metadata={"help": "positions per relevance chunk; None: auto"})
     relevance_top_k: int | None = field(default=None, metadata={"help": "top-k approximation of the JS sum; None: exact"})
+    replay_micro_batch: int | None = field(default=None, metadata={"help": "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group"})
     privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
     credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
     credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
@@ -79,6 +81,8 @@ class MRTPOConfig(GRPOConfig):
             raise ValueError(f"w_max must be >= 1 (weights average to 1) or None, got {self.w_max}")
         if self.relevance_chunk_size is not None and self.relevance_chunk_size < 1:
             raise ValueError(f"relevance_chunk_size must be >= 1 or None, got {self.relevance_chunk_size}")
+        if self.replay_micro_batch is not None and self.replay_micro_batch < 1:
+            raise ValueError(f"replay_micro_batch must be >= 1 or None, got {self.replay_micro_batch}")
         if self.relevance_top_k is not None:
             if self.relevance_top_k < 1:
                 raise ValueError(f"relevance_top_k must be >= 1 or None, got {self.relevance_top_k}")
@@ -302,7 +306,9 @@ class MRTPOTrainer(GRPOTrainer):
             n = int(lengths[idx].max().item())
             if n > 0:
                 plan.append((present, contexts, idx, n))
-        planned = sum(_replay_forward_calls(contexts, n) for _, contexts, _, n in plan)
+        micro_batch = self.args.replay_micro_batch
+        planned = sum(_replay_forward_calls(contexts, n) * replay_passes(len(idx), micro_batch)
+                      for _, contexts, idx, n in plan)
         target = self._agree_forward_calls(planned)
         counter = ForwardCounter()
         for present, contexts, idx, n in plan:
@@ -310,7 +316,7 @@ class MRTPOTrainer(GRPOTrainer):
             placements = [ev.placement for _, ev in present] if needs == "per_reward" else ["in_prompt"] * (len(contexts) - 1)
             group = group_relevance(self.model, contexts, placements, completions, lengths[idx], kind=kind,
                                     temperature=temperature, chunk_size=chunk, top_k=top_k,
-                                    with_entropy=needs == "entropy", counter=counter)
+                                    with_entropy=needs == "entropy", micro_batch=micro_batch, counter=counter)
             if needs == "entropy":
                 ent[idx, :n] = group.entropy
             elif needs == "joint" and len(contexts) > 1:
