@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 
-
 def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path):
     out = tmp_path / "cost.json"
     done = subprocess.run(
@@ -25,6 +24,8 @@ def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path
     assert rows["mrtpo"]["naive_tokens"] > rows["mrtpo"]["unique_tokens"] > 0
     for r in rows.values():
         assert r["update_s"] > 0 and r["generation_s"] > 0
+        assert 0 <= r["replay_kernel_s"] <= r["replay_s"]
+    assert rows["mrtpo"]["replay_kernel_s"] > 0 and rows["gdpo"]["replay_kernel_s"] == 0
 
 
 def test_relevance_bench_case_reports_chunk_and_memory_fields():

@@ -41,6 +41,7 @@ def _parse(argv):
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length cap")
     p.add_argument("--methods", default=",".join(["grpo", "gdpo", "mrtpo", "contrast", "entropy"]))
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="policy dtype")
+    p.add_argument("--top-k", type=int, help="top-k approximation of the JS sum in the replays (default: exact)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/bench/cost.json"))
     return p.parse_args(argv)
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                 joint=method.needs == "joint")
                 n = int(lengths.max())
                 sl = slice(g * args.group_size, (g + 1) * args.group_size)
-                result = group_relevance(model, contexts, placements, comps[:, :n], lengths, temperature=1.0,
+                result = group_relevance(model, contexts, placements, comps[:, :n], lengths, temperature=1.0, top_k=args.top_k,
                                          with_entropy=method.needs == "entropy", counter=counter)
                 if method.needs == "entropy":
                     ent[sl, :n] = result.entropy

@@ -1,0 +1,24 @@
+#!/bin/bash
+# The CPU learning comparisons in docs/results.md (issue #7): gdpo vs mrtpo, 3 seeds, on each task,
+# with the CPU preset (configs/bench-learn-cpu.yaml) at 1 prompt x 4 completions per step, 6 steps.
+# Measured here: 26 min (instructions), 18 min (sql); toolcall needs ~2 h and ~21 GB (long prompts).
+# Resumable: a finished run is skipped, so the script can be started again after an interruption.
+# TASKS="sql" METHODS="grpo,gdpo,mrtpo,contrast,entropy" scripts/bench_learn_cpu.sh: other selections.
+set -u
+cd "$(dirname "$0")/.."
+M=.venv/bin/mrtpo
+COMMON=(--methods "${METHODS:-gdpo,mrtpo}" --seeds 0,1,2 --max-steps 6 --eval-every 6 --eval-size 16)
+TRAIN=(per_device_train_batch_size=4)   # 1 prompt x 4 completions per step; lr 5e-5 from the preset
+run() {
+  echo "=== $(date -u +%FT%TZ) start $*"
+  /usr/bin/time -v "$M" bench learn "$@"; local rc=$?
+  echo "=== $(date -u +%FT%TZ) end rc=$rc"
+}
+for task in ${TASKS:-instructions toolcall sql}; do
+  case $task in
+    instructions) run --task instructions "${COMMON[@]}" --out runs/bench/learn-instructions "${TRAIN[@]}" \
+                    max_completion_length=128 'task_args={anchor: [min_words], min_words_range: [20, 60], max_constraints: 3}' ;;
+    toolcall) run --task toolcall "${COMMON[@]}" --out runs/bench/learn-toolcall "${TRAIN[@]}" ;;
+    sql) run --task sql "${COMMON[@]}" --out runs/bench/learn-sql "${TRAIN[@]}" ;;
+  esac
+done
