@@ -44,6 +44,19 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def add_sampling_arguments(parser, *, prompts: int, max_new_tokens: int | None, methods: str, dtype: str) -> None:
+    """The options of a benchmark that samples groups from one policy (``bench cost``, ``bench lift``):
+    ``--model --prompts --group-size --max-new-tokens --methods --dtype --seed``."""
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf or hub id")
+    parser.add_argument("--prompts", type=int, default=prompts, help="prompts, one group of completions each")
+    parser.add_argument("--group-size", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                        help="completion length cap" + ("" if max_new_tokens else " (default: per task)"))
+    parser.add_argument("--methods", default=methods, help="comma-separated credit methods")
+    parser.add_argument("--dtype", default=dtype, choices=["float32", "bfloat16"], help="policy dtype")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+
 def write_record(out: Path, benchmark: str, command: str, rows: list[dict], **extra: Any) -> dict:
     """Write a benchmark's JSON record (what, when, where, the command, the rows) and say where."""
     record = {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_info(),

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from mrtpo.bench import write_record
+from mrtpo.bench import add_sampling_arguments, write_record
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.replay import ForwardCounter, common_prefix_length, group_relevance, prompt_renderer, replay_contexts
 from mrtpo.sampling import sample_group
@@ -34,15 +34,9 @@ from mrtpo.sampling import sample_group
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="mrtpo bench cost", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf or hub id")
     p.add_argument("--task", default="sql", help="task whose train prompts make the batch")
-    p.add_argument("--prompts", type=int, default=2, help="prompts in the batch")
-    p.add_argument("--group-size", type=int, default=4, help="completions per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="completion length cap")
-    p.add_argument("--methods", default=",".join(["grpo", "gdpo", "mrtpo", "contrast", "entropy"]))
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="policy dtype")
+    add_sampling_arguments(p, prompts=2, max_new_tokens=64, methods="grpo,gdpo,mrtpo,contrast,entropy", dtype="float32")
     p.add_argument("--top-k", type=int, help="top-k approximation of the JS sum in the replays (default: exact)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/bench/cost.json"))
     return p.parse_args(argv)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from mrtpo.bench import write_record
+from mrtpo.bench import add_sampling_arguments, write_record
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.credit.lift import char_spans_to_tokens, span_lift, summarise_lifts
 
@@ -36,14 +36,8 @@ DEFAULT_MAX_NEW_TOKENS = {"instructions": 192, "toolcall": 96, "sql": 64}
 def _parse(argv):
     p = argparse.ArgumentParser(prog="mrtpo bench lift", description=__doc__.splitlines()[0])
     p.add_argument("--task", default="instructions", help="instructions, toolcall, sql or any task with checked_spans")
-    p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf or hub id")
-    p.add_argument("--prompts", type=int, default=8, help="prompts (each with a possible checked span)")
-    p.add_argument("--group-size", type=int, default=4, help="completions per prompt")
-    p.add_argument("--max-new-tokens", type=int, help="completion cap (default: per task)")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS))
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="policy dtype")
+    add_sampling_arguments(p, prompts=8, max_new_tokens=None, methods=",".join(DEFAULT_METHODS), dtype="bfloat16")
     p.add_argument("--scan", type=int, default=500, help="train examples scanned for prompts with a span")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="JSON record (default runs/bench/lift-<task>.json)")
     return p.parse_args(argv)
 
