@@ -1,13 +1,16 @@
 #!/bin/bash
 # The CPU learning comparisons in docs/results.md (issue #7): gdpo vs mrtpo, 3 seeds, on each task,
 # with the CPU preset (configs/bench-learn-cpu.yaml) at 1 prompt x 4 completions per step, 6 steps.
-# Measured here: 26 min (instructions), 18 min (sql); toolcall needs ~2 h and ~21 GB (long prompts).
+# Measured here: 26 min (instructions), 18 min (sql). toolcall runs 4 steps, not 6: its prompts carry
+# the function schemas (~935 tokens), so a step takes ~250 s and ~21 GB here; 6 runs of 4 steps ~2 h.
 # Resumable: a finished run is skipped, so the script can be started again after an interruption.
 # TASKS="sql" METHODS="grpo,gdpo,mrtpo,contrast,entropy" scripts/bench_learn_cpu.sh: other selections.
 set -u
 cd "$(dirname "$0")/.."
 M=.venv/bin/mrtpo
-COMMON=(--methods "${METHODS:-gdpo,mrtpo}" --seeds 0,1,2 --max-steps 6 --eval-every 6 --eval-size 16)
+COMMON=(--methods "${METHODS:-gdpo,mrtpo}" --seeds 0,1,2 --eval-size 16)
+SIX=(--max-steps 6 --eval-every 6)
+FOUR=(--max-steps 4 --eval-every 4)
 TRAIN=(per_device_train_batch_size=4)   # 1 prompt x 4 completions per step; lr 5e-5 from the preset
 run() {
   echo "=== $(date -u +%FT%TZ) start $*"
@@ -16,9 +19,9 @@ run() {
 }
 for task in ${TASKS:-instructions toolcall sql}; do
   case $task in
-    instructions) run --task instructions "${COMMON[@]}" --out runs/bench/learn-instructions "${TRAIN[@]}" \
+    instructions) run --task instructions "${COMMON[@]}" "${SIX[@]}" --out runs/bench/learn-instructions "${TRAIN[@]}" \
                     max_completion_length=128 'task_args={anchor: [min_words], min_words_range: [20, 60], max_constraints: 3}' ;;
-    toolcall) run --task toolcall "${COMMON[@]}" --out runs/bench/learn-toolcall "${TRAIN[@]}" ;;
-    sql) run --task sql "${COMMON[@]}" --out runs/bench/learn-sql "${TRAIN[@]}" ;;
+    toolcall) run --task toolcall "${COMMON[@]}" "${FOUR[@]}" --out runs/bench/learn-toolcall "${TRAIN[@]}" ;;
+    sql) run --task sql "${COMMON[@]}" "${SIX[@]}" --out runs/bench/learn-sql "${TRAIN[@]}" ;;
   esac
 done

@@ -1,9 +1,10 @@
 """``mrtpo demo``: one MRTPO credit-assignment step on a real model and task, shown token by token.
 
 Samples a group of completions for one training prompt, scores them with the task's verifiers,
-replays every completion with and without each reward's evidence, and turns the JS distances into
-per-reward token weights and per-token advantages (next to GDPO's uniform ones). Prints where
-each reward's credit went and writes an HTML token-credit view plus a JSON record.
+replays the whole group once per context (the prompt, and the prompt with or without each
+reward's evidence, as the trainer does), and turns the JS distances into per-reward token weights
+and per-token advantages (next to GDPO's uniform ones). Prints where each reward's credit went and
+writes an HTML token-credit view plus a JSON record.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mrtpo.credit import CreditBatch, compute_advantages, relevance_weights
     from mrtpo.models import load_policy
-    from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, prompt_renderer, replay_completion
+    from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, group_relevance, prompt_renderer, replay_contexts
     from mrtpo.sampling import sample_group
     from mrtpo.report.token_view import CompletionView, CreditRow, render_html
     from mrtpo.tasks import get_task
@@ -59,10 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     verifiers = task.verifiers()
     render = prompt_renderer(task, tokenizer)
     prompt = render(example)
+
+    def ids_of(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
     steps.update()
 
     steps.set_postfix_str(f"sampling {args.group_size} completions")
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    prompt_ids = ids_of(prompt)
     sampled, lengths = sample_group(model, tokenizer, prompt_ids, args.group_size, args.max_new_tokens, args.temperature)
     completions = [row[:n].tolist() for row, n in zip(sampled, lengths.tolist())]
     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
@@ -74,17 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     names = [v.name for v in verifiers]
     steps.update()
 
-    steps.set_postfix_str(f"replaying ({1 + sum(e is not None for e in evidences)} forwards each)")
-    t_max = max(len(c) for c in completions)
-    mask = torch.zeros(len(completions), t_max)
+    steps.set_postfix_str(f"replaying the group ({1 + sum(e is not None for e in evidences)} contexts)")
+    contexts, placements, _ = replay_contexts(example, evidences, render, ids_of, names=names)
+    group = group_relevance(model, contexts, placements, sampled, lengths, temperature=args.temperature)
+    t_max = sampled.shape[1]
+    mask = (torch.arange(t_max).unsqueeze(0) < lengths.view(-1, 1)).float()
     relevance = torch.zeros(len(completions), len(verifiers), t_max)
-    for j, ids in enumerate(completions):
-        result = replay_completion(
-            model, tokenizer, example, torch.tensor(ids), evidences, render=render,
-            temperature=args.temperature, verifiers=names,
-        )
-        mask[j, : len(ids)] = 1
-        relevance[j, :, : len(ids)] = result.relevance
+    with_evidence = [k for k, ev in enumerate(evidences) if ev is not None]
+    for row, k in enumerate(with_evidence):
+        relevance[:, k] = group.maps[row]
     steps.update()
 
     batch = CreditBatch(rewards, args.group_size, mask, relevance=relevance, has_evidence=[e is not None for e in evidences])
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"Prompt evidence per reward; privileged evidence is appended under '{DEFAULT_PRIVILEGED_HEADER}'."))
     record = {
         "model": args.model, "task": args.task, "example": example.id, "rewards": names,
-        "completions": [{"text": t, "rewards": r, "tokens": _show_tokens(tokenizer, c),
+        "completions": [{"text": t, "rewards": r, "token_ids": c, "tokens": _show_tokens(tokenizer, c),
                          "weights": weights[j, :, : len(c)].tolist(), "mrtpo_advantage": mrtpo_adv[j, : len(c)].tolist(),
                          "gdpo_advantage": gdpo_adv[j, 0].item()}
                         for j, (t, r, c) in enumerate(zip(texts, rewards.tolist(), completions))],
