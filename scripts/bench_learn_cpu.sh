@@ -1,8 +1,9 @@
 #!/bin/bash
 # The CPU learning comparisons in docs/results.md (issue #7): gdpo vs mrtpo, 3 seeds, on each task,
 # with the CPU preset (configs/bench-learn-cpu.yaml) at 1 prompt x 4 completions per step, 6 steps.
-# Measured here: 26 min (instructions), 18 min (sql). toolcall runs 4 steps, not 6: its prompts carry
-# the function schemas (~935 tokens), so a step takes ~250 s and ~21 GB here; 6 runs of 4 steps ~2 h.
+# Measured here: 26 min (instructions), 18 min (sql). toolcall runs 4 steps, not 6, with activation
+# checkpointing: its prompts carry the function schemas (~935 tokens, up to 1,405), and without
+# checkpointing a long-prompt step peaked at the 24 GB of this machine (the kernel killed the run).
 # Resumable: a finished run is skipped, so the script can be started again after an interruption.
 # TASKS="sql" METHODS="grpo,gdpo,mrtpo,contrast,entropy" scripts/bench_learn_cpu.sh: other selections.
 set -u
@@ -21,7 +22,8 @@ for task in ${TASKS:-instructions toolcall sql}; do
   case $task in
     instructions) run --task instructions "${COMMON[@]}" "${SIX[@]}" --out runs/bench/learn-instructions "${TRAIN[@]}" \
                     max_completion_length=128 'task_args={anchor: [min_words], min_words_range: [20, 60], max_constraints: 3}' ;;
-    toolcall) run --task toolcall "${COMMON[@]}" "${FOUR[@]}" --out runs/bench/learn-toolcall "${TRAIN[@]}" ;;
+    toolcall) run --task toolcall "${COMMON[@]}" "${FOUR[@]}" --out runs/bench/learn-toolcall "${TRAIN[@]}" \
+                activation_checkpointing=true ;;
     sql) run --task sql "${COMMON[@]}" "${SIX[@]}" --out runs/bench/learn-sql "${TRAIN[@]}" ;;
   esac
 done
