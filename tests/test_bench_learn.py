@@ -19,8 +19,10 @@ from mrtpo.bench.learn import (
     CONFIGS_DIR,
     EvalCallback,
     aggregate_curves,
+    completion_digests,
     main,
     read_preset,
+    shared_samples,
     steps_to_target,
     summarise_steps_to_target,
 )
@@ -71,6 +73,28 @@ def test_aggregate_curves_mean_min_max_per_step():
     assert agg["steps"] == [1, 2, 3]
     assert agg["mean"] == [2.0, 3.5, 3.0] and agg["min"] == [1.0, 2.0, 3.0] and agg["max"] == [3.0, 5.0, 3.0]
     assert agg["n"] == [2, 2, 1]
+
+
+def test_completion_digests_ignore_padding_and_tell_tokens_apart():
+    ids = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 9], [5, 6, 8, 0], [5, 6, 7, 1]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1]])
+    d = completion_digests(ids, mask)
+    assert len(d) == 4 and all(len(x) == 16 for x in d)
+    assert d[0] == d[1]  # same tokens, different padding
+    assert len({d[0], d[2], d[3]}) == 3  # one token changed; one token longer
+
+
+def test_shared_samples_on_hand_made_batches():
+    ref = [["a", "b", "c", "d"], ["e", "f", "g", "h"], ["i", "j", "k", "l"]]
+    got = shared_samples(ref, [["a", "b", "c", "d"], ["e", "x", "g", "y"], ["z", "z", "z", "z"]])
+    assert got["per_batch"] == [1.0, 0.5, 0.0]
+    assert got["share"] == pytest.approx(6 / 12) and got["compared"] == 12
+    assert got["first_different"] == 1
+    same = shared_samples(ref, ref)
+    assert same["share"] == 1.0 and same["first_different"] is None
+    # A shorter run is compared over the batches both have.
+    assert shared_samples(ref, ref[:1]) == {"share": 1.0, "compared": 4, "per_batch": [1.0], "first_different": None}
+    assert shared_samples([], [])["share"] is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -280,6 +304,29 @@ def test_same_seed_same_prompts_and_first_batch_across_methods(bench):
         ga = [r["grad_norm"] for r in _jsonl(bench / f"gdpo-seed{s}" / "metrics.jsonl") if "loss" in r]
         gb = [r["grad_norm"] for r in _jsonl(bench / f"mrtpo-seed{s}" / "metrics.jsonl") if "loss" in r]
         assert ga[0] > 0 and gb[0] > 0 and ga[0] != pytest.approx(gb[0], rel=1e-6)
+
+
+def test_shared_samples_compare_every_training_completion_with_the_first_method(bench):
+    result = json.loads((bench / "comparison.json").read_text())
+    assert "shared_samples" not in result["summary"]["gdpo"]  # the reference itself
+    shared = result["summary"]["mrtpo"]["shared_samples"]
+    assert shared["reference"] == "gdpo"
+    for s in SEEDS:
+        ref = [r["completions"] for r in _jsonl(bench / f"gdpo-seed{s}" / "prompts.jsonl")]
+        oth = [r["completions"] for r in _jsonl(bench / f"mrtpo-seed{s}" / "prompts.jsonl")]
+        assert [len(b) for b in ref] == [8, 8]  # one digest per sampled completion
+        # The credit samples (first completions of each batch, with their tokens) agree with the digests.
+        samples = _jsonl(bench / f"gdpo-seed{s}" / "credit_samples.jsonl")
+        for x in samples:
+            ids = torch.tensor([x["token_ids"]])
+            assert completion_digests(ids, torch.ones_like(ids))[0] in ref[x["step"]]
+        # Same first batch (same weights and RNG); after one update with lr 0.05 the samples differ.
+        assert ref[0] == oth[0] and ref[1] != oth[1]
+        same = sum(a == b for ra, rb in zip(ref, oth) for a, b in zip(ra, rb))
+        assert shared["per_seed"][str(s)] == {"share": same / 16, "compared": 16, "first_different_step": 2}
+    md = (bench / "comparison.md").read_text()
+    assert "## Sampled completions shared with gdpo" in md
+    assert "| mrtpo | " in md.split("## Sampled completions shared with gdpo")[1]
 
 
 def test_rerun_skips_finished_runs_and_redoes_an_unfinished_one(bench, tiny_dir, capsys):

@@ -10,8 +10,10 @@ flags and ``key=value`` overrides) in which only ``method`` differs between meth
 ``seed`` between seed indices. A seed is shared by all methods, so for a given seed every method
 starts from the same weights (and LoRA initialisation), sees the same prompts in the same order
 (TRL's sampler is seeded with it) and samples its first batch from the same RNG state; the runs
-diverge only through their updates. Each run records the prompts it trained on
-(``prompts.jsonl``) so that can be checked.
+diverge only through their updates. Each run records the prompts it trained on and a digest of
+every completion it sampled (``prompts.jsonl``) so that can be checked, and the comparison says
+which share of each method's completions were the same as the first method's: until an update
+changes a sampled token, two methods see the same samples and rewards.
 
 Each run is evaluated on the first ``--eval-size`` examples of the task's held-out split before
 training, every ``--eval-every`` steps and at the end, with the current policy in eval mode,
@@ -27,7 +29,8 @@ run evaluates step 0 itself; the tests check both give the same outputs). The be
                                eval_outputs.jsonl, prompts.jsonl, report.*, finished.json
     comparison.json / .md      the table: per reward, total and completion length (mean over the
                                last steps of each run, mean +- std over seeds), held-out metric at
-                               the start and the end, steps to reach the target reward, wall times
+                               the start and the end, steps to reach the target reward, completions
+                               shared with the first method, wall times
     rewards.png                one panel per reward and the total: mean over seeds per method, band =
                                range over seeds (min-max), thin lines = single seeds
     length.png, heldout.png    completion length and the held-out metrics vs step, same style
@@ -53,6 +56,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import gc
+import hashlib
 import json
 import math
 import os
@@ -101,8 +105,10 @@ __all__ = [
     "EvalCallback",
     "aggregate_curves",
     "build_comparison",
+    "completion_digests",
     "main",
     "read_preset",
+    "shared_samples",
     "steps_to_target",
     "summarise_steps_to_target",
 ]
@@ -399,21 +405,59 @@ def EvalCallback(*args, **kwargs):  # a factory that reads like the class it ret
     return _eval_callback_class()(*args, **kwargs)
 
 
-def _record_prompts(trainer, path: Path) -> None:
-    """Log the example ids of every generation batch (in order) to ``prompts.jsonl``.
+def completion_digests(completion_ids, completion_mask) -> list[str]:
+    """A 16-hex-digit hash of each completion's tokens: ``(B, T)`` ids and mask -> B strings.
+
+    Padding (mask 0) is left out, so two completions hash alike iff their tokens are the same.
+    """
+    digests = []
+    for ids, mask in zip(completion_ids.tolist(), completion_mask.tolist()):
+        tokens = [t for t, m in zip(ids, mask) if m]
+        digests.append(hashlib.sha1(json.dumps(tokens).encode()).hexdigest()[:16])
+    return digests
+
+
+def _record_batches(trainer, path: Path) -> None:
+    """Log every generation batch (in order) to ``prompts.jsonl``: the step, its example ids and a
+    digest of each sampled completion (:func:`completion_digests`).
 
     Observes the trainer without changing it: the batch passed to TRL's
-    ``_generate_and_score_completions`` is recorded, then handed on untouched.
+    ``_generate_and_score_completions`` and the completions it returns are recorded, the
+    returned dict handed on untouched.
     """
     inner = trainer._generate_and_score_completions
 
     def recording(inputs):
+        record = {"step": trainer.state.global_step, "training": bool(trainer.model.training),
+                  "example_ids": [str(row.get("example_id", "")) for row in inputs]}
+        out = inner(inputs)
+        record["completions"] = completion_digests(out["completion_ids"].cpu(), out["completion_mask"].cpu())
         with path.open("a") as f:
-            f.write(json.dumps({"step": trainer.state.global_step, "training": bool(trainer.model.training),
-                                "example_ids": [str(row.get("example_id", "")) for row in inputs]}) + "\n")
-        return inner(inputs)
+            f.write(json.dumps(record) + "\n")
+        return out
 
     trainer._generate_and_score_completions = recording
+
+
+def shared_samples(reference: Sequence[Sequence[str]], other: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """How many of ``other``'s sampled completions are identical to ``reference``'s.
+
+    Both are per generation batch, in order, lists of completion digests of two runs with the same
+    seed (so the same prompts and sampling RNG). Until the updates move either policy enough to
+    change one sampled token, the two runs sample the same completions and their rewards cannot
+    differ. Returns ``share`` (identical / compared, over the batches both have), ``compared``,
+    ``per_batch`` shares and ``first_different`` (index of the first batch with a difference, or
+    None when every compared completion is identical).
+    """
+    per_batch, same, total = [], 0, 0
+    for ref, oth in zip(reference, other):
+        hits = sum(a == b for a, b in zip(ref, oth))
+        n = max(len(ref), len(oth))
+        per_batch.append(hits / n if n else 1.0)
+        same, total = same + hits, total + n
+    first = next((i for i, share in enumerate(per_batch) if share < 1.0), None)
+    return {"share": same / total if total else None, "compared": total, "per_batch": per_batch,
+            "first_different": first}
 
 
 # --------------------------------------------------------------------------------------------
@@ -457,7 +501,7 @@ def run_one(config, eval_settings: dict[str, Any], log=print) -> dict[str, Any]:
                                 start_cache=folder.parent / "start_eval.json" if share else None,
                                 signature=signature)
         trainer.add_callback(callback)
-    _record_prompts(trainer, folder / "prompts.jsonl")
+    _record_batches(trainer, folder / "prompts.jsonl")
     ready = time.perf_counter()
     trainer.train()
     trained = time.perf_counter()
@@ -511,7 +555,7 @@ def build_comparison(out: str | os.PathLike, task: str, methods: Sequence[str], 
 
     out = Path(out)
     heldout = list(heldout or HELDOUT_METRICS.get(task, ()))
-    runs, missing, records_of, evals_of = [], [], {}, {}
+    runs, missing, records_of, evals_of, batches_of = [], [], {}, {}, {}
     names: list[str] = []
     for method in methods:
         for seed in seeds:
@@ -524,6 +568,8 @@ def build_comparison(out: str | os.PathLike, task: str, methods: Sequence[str], 
             records = load_metrics(folder / "metrics.jsonl")
             evals = _read_jsonl(folder / "eval.jsonl")
             records_of[(method, seed)], evals_of[(method, seed)] = records, evals
+            batches_of[(method, seed)] = [b for b in _read_jsonl(folder / "prompts.jsonl")
+                                          if b.get("training") and "completions" in b]
             names += [n for n in reward_names(records) if n not in names]
             runs.append((method, seed, folder, info))
     keys = [*(f"rewards/{n}/mean" for n in names), "reward", "completions/mean_length"]
@@ -574,6 +620,8 @@ def build_comparison(out: str | os.PathLike, task: str, methods: Sequence[str], 
                     [e["metrics"][m] for e in evals_of[(method, s)] if _finite(e.get("metrics", {}).get(m))])
                 for s, _, _ in mine})
 
+    _add_shared_samples(summary, methods, batches_of)
+
     result = {
         "task": task, "methods": list(methods), "seeds": list(seeds), "header": dict(header or {}),
         "rewards": names, "tail": tail, "heldout_metrics": heldout,
@@ -599,6 +647,27 @@ def build_comparison(out: str | os.PathLike, task: str, methods: Sequence[str], 
                                 ylim=(-0.03, 1.03))  # rates: a full axis, so small changes look small
     (out / "comparison.md").write_text(_markdown(result, labels, keys, pngs))
     return result
+
+
+def _add_shared_samples(summary: dict[str, Any], methods: Sequence[str],
+                        batches_of: Mapping[tuple[str, int], list[dict[str, Any]]]) -> None:
+    """Per method after the first, the share of its training completions identical to the first
+    method's with the same seed (:func:`shared_samples`), into ``summary[method]["shared_samples"]``."""
+    reference = methods[0]
+    for method in methods[1:]:
+        per_seed = {}
+        for (m, seed), batches in batches_of.items():
+            ref = batches_of.get((reference, seed))
+            if m != method or not batches or not ref:
+                continue
+            got = shared_samples([b["completions"] for b in ref], [b["completions"] for b in batches])
+            i = got["first_different"]
+            per_seed[str(seed)] = {"share": got["share"], "compared": got["compared"],
+                                   "first_different_step": None if i is None else ref[i]["step"] + 1}
+        if per_seed and method in summary:
+            summary[method]["shared_samples"] = {
+                "reference": reference, "share": _stats([v["share"] for v in per_seed.values()]),
+                "per_seed": per_seed}
 
 
 def _eval_series(evals: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -713,6 +782,20 @@ def _markdown(result: Mapping[str, Any], labels: Mapping[str, str], keys: Sequen
                 st = s["steps_to_target"]
                 per = ", ".join(f"{seed}: {'not reached' if v is None else v}" for seed, v in st["per_seed"].items())
                 md.append(f"| {m} | {st['text']} | {per} |")
+
+    shared = {m: summary[m]["shared_samples"] for m in methods if "shared_samples" in summary.get(m, {})}
+    if shared:
+        reference = next(iter(shared.values()))["reference"]
+        md += ["", f"## Sampled completions shared with {reference}", "",
+               (f"Share of each run's training completions that are token for token the same as {reference}'s "
+                "with the same seed (same prompts, same sampling RNG). The methods' updates differ from the "
+                "first step, but until they change a sampled token the runs see the same completions and "
+                "rewards: a share near 1 means this comparison had little room to separate the methods."),
+               "", "| method | shared | per seed: share (first step with a different completion) |", "|---|---:|---|"]
+        for m, sh in shared.items():
+            per = ", ".join(f"{seed}: {v['share']:.2f} ({'none' if v['first_different_step'] is None else v['first_different_step']})"
+                            for seed, v in sh["per_seed"].items())
+            md.append(f"| {m} | {_fmt(sh['share'], '{:.2f}')} | {per} |")
 
     md += ["", "## Runs", "", "| method | seed | steps | total reward (last) | length (last) | "
            + (f"held-out {result['heldout_metrics'][0]} (end) | " if result["heldout_metrics"] else "")
