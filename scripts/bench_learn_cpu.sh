@@ -1,7 +1,8 @@
 #!/bin/bash
 # The CPU learning comparisons in docs/results.md (issue #7): gdpo vs mrtpo, 3 seeds, on each task,
 # with the CPU preset (configs/bench-learn-cpu.yaml) at 1 prompt x 4 completions per step, 6 steps.
-# Measured here: 26 min (instructions), 18 min (sql). toolcall runs 4 steps, not 6, with activation
+# Measured here (gdpo,mrtpo): 26 min (instructions), 18 min (sql), 34 min (toolcall); all five methods:
+# 54 min (instructions), 41 min (sql). toolcall runs 4 steps, not 6, with activation
 # checkpointing: its prompts carry the function schemas (~935 tokens, up to 1,405), and without
 # checkpointing a long-prompt step peaked at the 24 GB of this machine (the kernel killed the run).
 # Resumable: a finished run is skipped, so the script can be started again after an interruption.
