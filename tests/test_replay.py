@@ -162,3 +162,69 @@ def test_group_relevance_in_micro_batches_equals_one_pass(policy, micro_batch):
     assert replay_passes(3, micro_batch) == (3 if micro_batch == 1 else 2)
     assert counter.calls == replay_passes(3, micro_batch) * (1 + 2 * len(contexts))
     assert parts.maps[:, 1, int(lengths[1]):].abs().sum() == 0
+
+
+def lora_policy_refusing_past_key_values():
+    """The tiny policy under a LoRA adapter with non-zero weights, whose base model refuses the
+    deprecated ``past_key_values=`` keyword (as transformers will once its alias is removed)."""
+    import functools
+
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = tiny_policy(seed=0)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    base = peft_model.get_base_model()
+    forward = base.forward
+
+    @functools.wraps(forward)
+    def strict_forward(*args, **kwargs):
+        if "past_key_values" in kwargs:
+            raise TypeError("forward() got an unexpected keyword argument 'past_key_values'")
+        return forward(*args, **kwargs)
+
+    base.forward = strict_forward
+    peft_model.eval()
+    return peft_model, tok
+
+
+def test_grouped_replay_through_a_lora_model_matches_plain_forwards():
+    """The KV-shared replay through PEFT (and a DDP-style ``.module`` wrapper) passes the cache under
+    the model's own keyword: its logits and relevance equal plain forwards of each pair."""
+    from mrtpo.credit import js_distance
+    from mrtpo.replay import _cache_keyword, group_context_logits, group_relevance
+
+    peft_model, tok = lora_policy_refusing_past_key_values()
+    plain_base, _ = tiny_policy(seed=0)
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    contexts = [enc("Rules: be brief. Q: why?"), enc("Rules: Q: why?")]
+    texts = [" Because it rains.", " No."]
+    lengths = torch.tensor([len(enc(x)) for x in texts])
+    padded = torch.full((2, int(lengths.max())), tok.pad_token_id)
+    for i, x in enumerate(texts):
+        padded[i, : len(enc(x))] = torch.tensor(enc(x))
+
+    class DDPLike(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    for wrapped in (peft_model, DDPLike(peft_model)):
+        assert _cache_keyword(wrapped) == "cache"
+        got = dict(group_context_logits(wrapped, contexts, padded))
+        for c, ctx in enumerate(contexts):
+            for g, text in enumerate(texts):
+                expected = completion_logits(peft_model, torch.tensor(ctx), torch.tensor(enc(text)))
+                torch.testing.assert_close(got[c][g, : len(enc(text))], expected, atol=2e-5, rtol=1e-4)
+                # the adapter is live: the base model alone predicts differently
+                assert (expected - completion_logits(plain_base, torch.tensor(ctx), torch.tensor(enc(text)))).abs().max() > 1e-2
+    maps = group_relevance(peft_model, contexts, ["in_prompt"], padded, lengths).maps
+    for g, text in enumerate(texts):
+        n = len(enc(text))
+        with_ev = completion_logits(peft_model, torch.tensor(contexts[0]), torch.tensor(enc(text)))
+        without = completion_logits(peft_model, torch.tensor(contexts[1]), torch.tensor(enc(text)))
+        torch.testing.assert_close(maps[0, g, :n], js_distance(with_ev[None], without[None])[0], atol=1e-5, rtol=1e-4)
+    with pytest.raises(TypeError, match="past_key_values"):  # the guard is real
+        peft_model(input_ids=padded[:1], past_key_values=None)

@@ -59,26 +59,42 @@ def prompt_renderer(task: Any, tokenizer: Any) -> PromptRenderer:
     return lambda example: default_render_prompt(example, tokenizer)
 
 
-def remove_span(prompt: str, span: str, *, verifier: str = "?", example_id: str = "?") -> str:
-    """``prompt`` without ``span``, which must occur exactly once; tidies the seam's whitespace."""
-    count = prompt.count(span)
+def _strength(separator: str) -> tuple[int, int]:
+    return separator.count("\n"), len(separator)
+
+
+def cut(text: str, start: int, end: int) -> str:
+    """``text`` without ``text[start:end]`` and the separator that went with it.
+
+    The whitespace runs on either side of the cut collapse into the stronger one (more newlines,
+    then longer): ``"A\nS\nB" -> "A\nB"``, ``"A\n\nS\nB" -> "A\n\nB"``, ``"A. S B" -> "A. B"``. At
+    the start or end of ``text`` the whitespace towards the cut goes entirely: ``"A\n\nS" -> "A"``.
+    """
+    before, after = text[:start], text[end:]
+    core_before, core_after = before.rstrip(), after.lstrip()
+    if not core_before:
+        return core_after
+    if not core_after:
+        return core_before
+    separator = max(before[len(core_before):], after[: len(after) - len(core_after)], key=_strength)
+    return core_before + separator + core_after
+
+
+def _require_once(text: str, span: str, verifier: str, example_id: str) -> None:
+    count = text.count(span)
     if count != 1:
         where = "does not occur" if count == 0 else f"occurs {count} times"
         raise EvidenceNotFoundError(
             f"in_prompt evidence of verifier {verifier!r} for example {example_id!r} {where} in the "
             f"rendered prompt (it must occur exactly once): {span[:120]!r}"
         )
+
+
+def remove_span(prompt: str, span: str, *, verifier: str = "?", example_id: str = "?") -> str:
+    """``prompt`` without ``span``, which must occur exactly once, and its separator (:func:`cut`)."""
+    _require_once(prompt, span, verifier, example_id)
     start = prompt.index(span)
-    before, after = prompt[:start], prompt[start + len(span) :]
-    # The span's separator goes with it: the space after it, else the space before it, else one
-    # of the two newlines around it.
-    if after.startswith(" "):
-        after = after[1:]
-    elif before.endswith(" "):
-        before = before[:-1]
-    elif before.endswith("\n") and after.startswith("\n"):
-        after = after[1:]
-    return before + after
+    return cut(prompt, start, start + len(span))
 
 
 def append_privileged(messages: list[dict[str, Any]], text: str, header: str = DEFAULT_PRIVILEGED_HEADER) -> list[dict]:
@@ -91,6 +107,60 @@ def append_privileged(messages: list[dict[str, Any]], text: str, header: str = D
     raise ValueError("privileged evidence needs a user message to append to; the prompt has none")
 
 
+def _message_holding(messages: Sequence[dict[str, Any]], span: str) -> int | None:
+    """Index of the one message whose text content holds ``span`` exactly once (else ``None``)."""
+    holders = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str) and span in m["content"]]
+    if len(holders) == 1 and messages[holders[0]]["content"].count(span) == 1:
+        return holders[0]
+    return None
+
+
+def counterfactual_text(
+    prompt: str | list[dict[str, Any]],
+    evidences: Sequence[Evidence],
+    render: Callable[[list[dict[str, Any]]], str],
+    header: str = DEFAULT_PRIVILEGED_HEADER,
+    *,
+    verifiers: Sequence[str] | None = None,
+    example_id: str = "?",
+) -> str:
+    """The prompt string with every ``in_prompt`` evidence removed and every ``privileged`` one appended.
+
+    ``prompt``: chat messages (rendered by ``render``) or a plain string. Each ``in_prompt`` span
+    must occur exactly once in the rendered prompt. A span inside one message is cut from that
+    message's content before rendering (:func:`cut`), so the result is the prompt rendered as if
+    the message had been written without it; a span across messages (or in text the template adds)
+    is cut from the rendered string. Privileged evidence goes to the last user turn under ``header``
+    (appended to a plain string).
+    """
+    names = list(verifiers) if verifiers is not None else ["?"] * len(evidences)
+    privileged = [ev.text for ev in evidences if ev.placement == "privileged"]
+    removed = [(ev.text, name) for ev, name in zip(evidences, names) if ev.placement == "in_prompt"]
+    if isinstance(prompt, str):
+        text = prompt + "".join(f"\n\n{header}\n{t}" for t in privileged)
+        for span, name in removed:
+            text = remove_span(text, span, verifier=name, example_id=example_id)
+        return text
+    messages = [dict(m) for m in prompt]
+    for t in privileged:
+        messages = append_privileged(messages, t, header)
+    rendered = render(messages)
+    in_rendered = []
+    for span, name in removed:
+        _require_once(rendered, span, name, example_id)
+        index = _message_holding(messages, span)
+        if index is None:
+            in_rendered.append((span, name))
+        else:
+            content = messages[index]["content"]
+            at = content.index(span)
+            messages[index] = {**messages[index], "content": cut(content, at, at + len(span))}
+    text = render(messages) if len(in_rendered) < len(removed) else rendered
+    for span, name in in_rendered:
+        text = remove_span(text, span, verifier=name, example_id=example_id)
+    return text
+
+
 def counterfactual_prompt(
     example: Example,
     evidences: Sequence[Evidence],
@@ -99,21 +169,14 @@ def counterfactual_prompt(
     *,
     verifiers: Sequence[str] | None = None,
 ) -> str:
-    """The prompt with every ``in_prompt`` evidence removed and every ``privileged`` one appended.
+    """The prompt with every ``in_prompt`` evidence removed and every ``privileged`` one appended
+    (:func:`counterfactual_text` on ``example.messages``).
 
     One evidence gives a reward's counterfactual; all of a prompt's evidence at once gives the
     joint counterfactual of the ``contrast`` baseline.
     """
-    names = list(verifiers) if verifiers is not None else ["?"] * len(evidences)
-    messages = example.messages
-    for ev in evidences:
-        if ev.placement == "privileged":
-            messages = append_privileged(messages, ev.text, header)
-    prompt = render(replace(example, messages=messages))
-    for ev, name in zip(evidences, names):
-        if ev.placement == "in_prompt":
-            prompt = remove_span(prompt, ev.text, verifier=name, example_id=example.id)
-    return prompt
+    return counterfactual_text(example.messages, evidences, lambda msgs: render(replace(example, messages=msgs)),
+                               header, verifiers=verifiers, example_id=example.id)
 
 
 def replay_contexts(
@@ -161,11 +224,37 @@ def completion_logits(model: Any, prompt_ids: Tensor, completion_ids: Tensor) ->
     return out.logits[0, :-1]
 
 
+def underlying_model(model: Any) -> Any:
+    """The transformers model under any wrappers: DDP / FSDP ``.module``, a PEFT model's base model."""
+    seen: set[int] = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        inner = getattr(model, "module", None)
+        if isinstance(inner, torch.nn.Module):
+            model = inner
+            continue
+        get_base = getattr(model, "get_base_model", None)
+        if callable(get_base):
+            model = get_base()
+            continue
+        break
+    return model
+
+
 def _cache_keyword(model: Any) -> str:
-    """The forward keyword for a KV cache: ``cache`` in recent transformers, ``past_key_values`` before."""
-    inner = getattr(model, "module", model)
-    params = inspect.signature(inner.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    """The forward keyword for a KV cache: ``cache`` in recent transformers, ``past_key_values`` before.
+
+    Read from the underlying model's forward: wrappers (PEFT, DDP) take ``**kwargs`` and pass them
+    through, so their own signature says nothing, and a name the model does not know would be
+    swallowed silently (the replay would then run without the prompt's cache).
+    """
+    params = inspect.signature(underlying_model(model).forward).parameters
+    if "cache" in params:
+        return "cache"
+    if "past_key_values" in params:
+        return "past_key_values"
+    raise TypeError(f"{type(underlying_model(model)).__name__}.forward takes neither `cache` nor `past_key_values`: "
+                    "the replay needs a model that accepts a KV cache")
 
 
 def _returned_cache(out: Any) -> Any:
@@ -213,7 +302,7 @@ def group_context_logits(
     """
     key = _cache_keyword(model)
     counter = counter or ForwardCounter()
-    device = next(getattr(model, "module", model).parameters()).device
+    device = next(underlying_model(model).parameters()).device
     g, t = completions.shape
     completions = completions.to(device)
     prefix_len = max(0, min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1))
@@ -379,10 +468,13 @@ __all__ = [
     "append_privileged",
     "completion_logits",
     "counterfactual_prompt",
+    "counterfactual_text",
+    "cut",
     "default_render_prompt",
     "prompt_renderer",
     "remove_span",
     "replay_completion",
     "replay_contexts",
     "replay_passes",
+    "underlying_model",
 ]

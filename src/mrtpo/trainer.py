@@ -41,10 +41,9 @@ from mrtpo.credit import (
 from mrtpo.replay import (
     DEFAULT_PRIVILEGED_HEADER,
     ForwardCounter,
-    append_privileged,
     common_prefix_length,
+    counterfactual_text,
     group_relevance,
-    remove_span,
     replay_passes,
 )
 from mrtpo.rewards import declares_evidence, evidence_for
@@ -237,19 +236,10 @@ class MRTPOTrainer(GRPOTrainer):
         return self.processing_class(text=text, add_special_tokens=isinstance(prompt, str))["input_ids"]
 
     def _counterfactual(self, prompt: Any, evidences: list[Evidence], names: list[str], example_id: str) -> str:
-        """The prompt with each ``in_prompt`` evidence removed and each ``privileged`` one appended."""
-        header = self.args.privileged_header
-        privileged = [ev.text for ev in evidences if ev.placement == "privileged"]
-        if isinstance(prompt, str):
-            text = prompt + "".join(f"\n\n{header}\n{t}" for t in privileged)
-        else:
-            for t in privileged:
-                prompt = append_privileged(prompt, t, header)
-            text = self._render(prompt)
-        for ev, name in zip(evidences, names):
-            if ev.placement == "in_prompt":
-                text = remove_span(text, ev.text, verifier=name, example_id=example_id)
-        return text
+        """The prompt with each ``in_prompt`` evidence removed and each ``privileged`` one appended
+        (:func:`mrtpo.replay.counterfactual_text`, as ``mrtpo.replay.counterfactual_prompt``)."""
+        return counterfactual_text(prompt, evidences, self._render, self.args.privileged_header,
+                                   verifiers=names, example_id=example_id)
 
     def _contexts(self, row: dict, base_ids: list[int], evidences: list[Evidence | None]) -> list[list[int]]:
         """Token ids of the contexts the method replays: the original prompt, then its counterfactuals."""

@@ -232,8 +232,9 @@ def _acceptable(c: dict, chosen: Sequence[dict], base_task: str, cfg: GeneratorC
 
 
 def build_prompt(base_task: str, sentences: Sequence[str]) -> str:
-    """The user message: the base task, a blank line, one constraint sentence per line."""
-    return base_task + "\n\n" + "\n".join(sentences)
+    """The user message: the base task, a blank line, one constraint sentence per line (the base
+    task alone without sentences: what removing every sentence from a prompt leaves)."""
+    return "\n\n".join([base_task, "\n".join(sentences)]) if sentences else base_task
 
 
 def generate_one(index: int, cfg: GeneratorConfig) -> Example:
