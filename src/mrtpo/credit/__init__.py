@@ -11,11 +11,13 @@ from mrtpo.credit.advantages import (
     gdpo_advantages,
     group_normalize,
     grpo_advantages,
+    scorable_rows,
     token_advantages,
     weighted_reward_sum,
 )
 from mrtpo.credit.methods import (
     NEEDS,
+    SEQUENCE_ADVANTAGES,
     CreditBatch,
     CreditConfig,
     CreditMethod,
@@ -50,6 +52,7 @@ __all__ = [
     "MIN_MEAN_RELEVANCE",
     "NEEDS",
     "RELEVANCE_KINDS",
+    "SEQUENCE_ADVANTAGES",
     "STD_EPS",
     "CreditBatch",
     "CreditConfig",
@@ -72,6 +75,7 @@ __all__ = [
     "register_method",
     "relevance",
     "relevance_weights",
+    "scorable_rows",
     "token_advantages",
     "weighted_reward_sum",
 ]

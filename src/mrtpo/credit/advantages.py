@@ -4,6 +4,9 @@ Every function here is pure torch: no model, tokenizer or trainer. Rows are comp
 group by group, ``N = num_prompts × group_size``; ``rewards`` is ``(N, K)`` with NaN where a
 reward does not apply. Callers that run on several processes pass the *global* batch (gathered
 rewards), so every process computes the same statistics.
+
+A completion for which *every* reward is NaN is *unscorable* (as in TRL 1.16): it takes no part in
+any group or batch statistic and its advantage is 0, under every method.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ def _nan_mean_std(values: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
     return mean, std, count
 
 
+def scorable_rows(rewards: Tensor) -> Tensor:
+    """``(N,)`` bool: completions with at least one applicable (non-NaN) reward."""
+    return ~torch.isnan(rewards).all(dim=1)
+
+
 def group_normalize(rewards: Tensor, group_size: int) -> Tensor:
     """Per-reward group advantage ``Â[j,k]`` (GDPO Eq. 4), NaN-aware.
 
@@ -82,7 +90,8 @@ def weighted_reward_sum(group_adv: Tensor, reward_weights=None) -> Tensor:
 
 
 def batch_statistics(scores: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean and unbiased std of ``S`` over the whole (global) batch; std is 0 below two rows."""
+    """Mean and unbiased std of ``S`` ``(N,)`` over the whole (global) batch, NaN rows left out
+    (unscorable completions); std is 0 below two rows."""
     mean, std, _ = _nan_mean_std(scores.to(torch.float64).view(-1), dim=0)
     return mean.view(()), std.view(())
 
@@ -95,6 +104,12 @@ def batch_normalize(values: Tensor, mean: Tensor | float, std: Tensor | float) -
     return (values - mean) / (std + STD_EPS)
 
 
+def _scores(rewards: Tensor, group_size: int, reward_weights) -> Tensor:
+    """``S[j]`` ``(N,)`` float64, NaN on unscorable rows (so batch statistics leave them out)."""
+    scores = weighted_reward_sum(group_normalize(rewards, group_size), reward_weights)
+    return torch.where(scorable_rows(rewards), scores, torch.full_like(scores, float("nan")))
+
+
 def gdpo_advantages(
     rewards: Tensor,
     group_size: int,
@@ -105,20 +120,26 @@ def gdpo_advantages(
     """GDPO sequence advantages ``(N,)``: per-reward group-normalise, weight, sum, batch-normalise.
 
     ``batch_stats`` overrides ``(μ, σ)`` of step 3 (e.g. gathered from other processes); by
-    default they come from ``rewards`` itself, which should then be the global batch.
+    default they come from ``rewards`` itself, which should then be the global batch. Unscorable
+    rows get 0 (TRL 1.16's ``normalize_then_sum``).
     """
-    scores = weighted_reward_sum(group_normalize(rewards, group_size), reward_weights)
-    if not batch_norm:
-        return scores.to(torch.float32)
-    mean, std = batch_stats if batch_stats is not None else batch_statistics(scores)
-    return batch_normalize(scores, mean, std).to(torch.float32)
+    scores = _scores(rewards, group_size, reward_weights)  # NaN on unscorable rows
+    if batch_norm:
+        mean, std = batch_stats if batch_stats is not None else batch_statistics(scores)
+        scores = batch_normalize(scores, mean, std)
+    return torch.nan_to_num(scores, nan=0.0).to(torch.float32)
 
 
 def grpo_advantages(rewards: Tensor, group_size: int, reward_weights=None) -> Tensor:
-    """Multi-reward GRPO baseline ``(N,)``: weighted sum of rewards (NaN → 0), then group-normalise."""
+    """Multi-reward GRPO baseline ``(N,)``: weighted sum of rewards (NaN → 0), then group-normalise.
+
+    Unscorable rows are left out of their group's statistics and get 0 (TRL's
+    ``sum_then_normalize`` with ``scale_rewards="group"``).
+    """
     rewards = _check_rewards(rewards, group_size)
     weights = _reward_weight_vector(reward_weights, rewards.shape[1], rewards)
     total = torch.nan_to_num(rewards, nan=0.0) @ weights
+    total = torch.where(scorable_rows(rewards), total, torch.full_like(total, float("nan")))
     return group_normalize(total.unsqueeze(1), group_size).squeeze(1).to(torch.float32)
 
 
@@ -141,14 +162,16 @@ def token_advantages(
 
     ``rows``: ``rewards`` is the global batch (all processes) and ``weights``/``mask`` cover only
     these rows of it (this process's share): group and batch statistics stay global.
+    Unscorable rows get 0 at every token.
     """
     group_adv = group_normalize(rewards, group_size)
     omega = _reward_weight_vector(reward_weights, group_adv.shape[1], group_adv)
     coeff = torch.nan_to_num(group_adv, nan=0.0) * omega  # (N_global, K)
+    scorable = scorable_rows(rewards)
     if batch_norm and batch_stats is None:
-        batch_stats = batch_statistics(coeff.sum(1))
+        batch_stats = batch_statistics(_scores(rewards, group_size, reward_weights))
     if rows is not None:
-        coeff = coeff[rows]
+        coeff, scorable = coeff[rows], scorable[rows]
     n, k = coeff.shape
     if weights.dim() != 3 or weights.shape[:2] != (n, k):
         raise ValueError(f"weights must be (N={n}, K={k}, T), got shape {tuple(weights.shape)}")
@@ -159,7 +182,8 @@ def token_advantages(
     numerator = torch.einsum("nk,nkt->nt", coeff, weights.to(torch.float64))
     if batch_norm:
         numerator = batch_normalize(numerator, *batch_stats)
-    return (numerator * mask.to(torch.float64)).to(torch.float32)
+    keep = mask.to(torch.float64) * scorable.to(torch.float64).unsqueeze(1)
+    return (numerator * keep).to(torch.float32)
 
 
 __all__ = [
@@ -170,6 +194,7 @@ __all__ = [
     "gdpo_advantages",
     "group_normalize",
     "grpo_advantages",
+    "scorable_rows",
     "token_advantages",
     "weighted_reward_sum",
 ]

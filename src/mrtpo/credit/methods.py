@@ -20,6 +20,8 @@ from mrtpo.credit.advantages import gdpo_advantages, grpo_advantages, token_adva
 from mrtpo.credit.weights import relevance_weights
 
 NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy")
+#: Sequence-level advantages a method's token advantages average to (per completion, over its mask).
+SEQUENCE_ADVANTAGES: tuple[str, ...] = ("grpo", "gdpo")
 
 
 @dataclass(frozen=True)
@@ -53,15 +55,30 @@ class CreditBatch:
 
 @dataclass(frozen=True)
 class CreditMethod:
-    """A named advantage estimator: ``method(batch, config) -> (N, T)`` advantages."""
+    """A named advantage estimator: ``method(batch, config) -> (N, T)`` advantages.
+
+    ``sequence``: ``"grpo"`` or ``"gdpo"``, the sequence advantage that each completion's token
+    advantages average to (:meth:`sequence_advantages`).
+    """
 
     name: str
     needs: str
     description: str
     fn: Callable[[CreditBatch, CreditConfig], Tensor]
+    sequence: str = "gdpo"
 
     def __call__(self, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
         return self.fn(batch, config or CreditConfig())
+
+    def sequence_advantages(self, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
+        """``(N,)`` float32 sequence advantages of the batch's (local) rows: GRPO's or GDPO's, whose
+        sign decides per sequence where one is needed (TRL's off-policy mask)."""
+        config = config or CreditConfig()
+        if self.sequence == "grpo":
+            adv = grpo_advantages(batch.rewards, batch.group_size, config.reward_weights)
+        else:
+            adv = gdpo_advantages(batch.rewards, batch.group_size, config.reward_weights, config.batch_norm)
+        return adv if batch.rows is None else adv[batch.rows]
 
     def weights(self, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
         """The ``(N, K, T)`` token weights this method gives each reward (for reports and metrics)."""
@@ -71,15 +88,18 @@ class CreditMethod:
 _METHODS: dict[str, CreditMethod] = {}
 
 
-def register_method(name: str, needs: str, description: str):
-    """Decorator: register ``fn(batch, config) -> (N, T)`` under ``name``."""
+def register_method(name: str, needs: str, description: str, sequence: str = "gdpo"):
+    """Decorator: register ``fn(batch, config) -> (N, T)`` under ``name``; ``sequence`` names the
+    sequence advantage its token advantages average to (``"grpo"`` or ``"gdpo"``)."""
     if needs not in NEEDS:
         raise ValueError(f"needs must be one of {NEEDS}, got {needs!r}")
+    if sequence not in SEQUENCE_ADVANTAGES:
+        raise ValueError(f"sequence must be one of {SEQUENCE_ADVANTAGES}, got {sequence!r}")
 
     def wrap(fn: Callable[[CreditBatch, CreditConfig], Tensor]):
         if name in _METHODS:
             raise ValueError(f"credit method {name!r} is already registered")
-        _METHODS[name] = CreditMethod(name, needs, description, fn)
+        _METHODS[name] = CreditMethod(name, needs, description, fn, sequence)
         return fn
 
     return wrap
@@ -157,16 +177,15 @@ def _weighted(batch: CreditBatch, config: CreditConfig, needs: str) -> Tensor:
     )
 
 
-@register_method("grpo", needs="none", description="sum rewards, group-normalise; uniform over tokens")
+@register_method("grpo", needs="none", description="sum rewards, group-normalise; uniform over tokens",
+                 sequence="grpo")
 def _grpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
-    adv = grpo_advantages(batch.rewards, batch.group_size, config.reward_weights)
-    return _broadcast_sequence(adv if batch.rows is None else adv[batch.rows], batch.mask)
+    return _broadcast_sequence(get_method("grpo").sequence_advantages(batch, config), batch.mask)
 
 
 @register_method("gdpo", needs="none", description="per-reward normalise, sum, batch-normalise; uniform")
 def _gdpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
-    adv = gdpo_advantages(batch.rewards, batch.group_size, config.reward_weights, config.batch_norm)
-    return _broadcast_sequence(adv if batch.rows is None else adv[batch.rows], batch.mask)
+    return _broadcast_sequence(get_method("gdpo").sequence_advantages(batch, config), batch.mask)
 
 
 @register_method("mrtpo", needs="per_reward", description="GDPO, each reward's advantage on its own JS map")
@@ -186,6 +205,7 @@ def _entropy(batch: CreditBatch, config: CreditConfig) -> Tensor:
 
 __all__ = [
     "NEEDS",
+    "SEQUENCE_ADVANTAGES",
     "CreditBatch",
     "CreditConfig",
     "CreditMethod",
