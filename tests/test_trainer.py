@@ -50,8 +50,7 @@ def config(tmp_path, **kw):
     base = dict(
         output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[],
         per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=2,
-        logging_steps=1, save_strategy="no", learning_rate=1e-3, seed=0, temperature=1.0,
-        multi_objective_aggregation="normalize_then_sum", credit_samples=2,
+        logging_steps=1, save_strategy="no", learning_rate=1e-3, seed=0, temperature=1.0, credit_samples=2,
     )
     base.update(kw)
     return MRTPOConfig(**base)
@@ -117,9 +116,12 @@ def test_baseline_methods_run(tmp_path, method):
     if method == "grpo":
         from mrtpo.credit import grpo_advantages
 
-        torch.testing.assert_close(mean, grpo_advantages(seen[0]["rewards"], 2)[rows], atol=1e-5, rtol=1e-5)
+        expected = grpo_advantages(seen[0]["rewards"], 2)
     else:
-        torch.testing.assert_close(mean, gdpo_advantages(seen[0]["rewards"], 2)[rows], atol=1e-4, rtol=1e-4)
+        expected = gdpo_advantages(seen[0]["rewards"], 2)
+    torch.testing.assert_close(mean, expected[rows], atol=1e-4, rtol=1e-4)
+    # TRL's own advantages aggregate the rewards as the method does (multi_objective_aggregation)
+    torch.testing.assert_close(seen[0]["trl"], expected, atol=1e-4, rtol=1e-4)
     if method in ("grpo", "gdpo"):  # uniform: every valid token carries the sequence's advantage
         torch.testing.assert_close(adv[rows], mean.unsqueeze(1) * mask[rows])
     else:  # a token map moves credit between tokens
@@ -146,6 +148,14 @@ def test_config_validation_messages(tmp_path):
         config(tmp_path, lam=2.0)
     with pytest.raises(ValueError, match="needs rewards with evidence"):
         make_trainer(tmp_path, [plain_length])
+    with pytest.raises(ValueError, match="multi_objective_aggregation='sum_then_normalize' contradicts method='mrtpo'"):
+        config(tmp_path, multi_objective_aggregation="sum_then_normalize")
+    with pytest.raises(ValueError, match="multi_objective_aggregation='normalize_then_sum' contradicts method='grpo'"):
+        config(tmp_path, method="grpo", multi_objective_aggregation="normalize_then_sum")
+    assert config(tmp_path, method="gdpo", multi_objective_aggregation="normalize_then_sum").method == "gdpo"
+    for scale in ("batch", "none", False):
+        with pytest.raises(ValueError, match="scale_rewards=.* is not supported"):
+            config(tmp_path, scale_rewards=scale)
 
 
 @pytest.mark.parametrize("micro_batch", [None, 1])
@@ -170,3 +180,138 @@ def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch):
                                [has_letter_e.mrtpo_evidence.resolve(row), long_enough.mrtpo_evidence.resolve(row), None])
     for k, name in enumerate(["has_letter_e", "long_enough"]):
         torch.testing.assert_close(result.relevance[k], torch.tensor(sample["relevance"][name]), atol=1e-4, rtol=1e-3)
+
+
+def unscorable(example_id, text):
+    """ex0: every completion unscorable; ex1: those of even length."""
+    return example_id == "ex0" or (example_id == "ex1" and len(text) % 2 == 0)
+
+
+@evidence("constraint", placement="in_prompt")
+def letter_e_or_none(completions, example_id, **kwargs):
+    return [None if unscorable(i, completion_text(c)) else float("e" in completion_text(c))
+            for c, i in zip(completions, example_id)]
+
+
+@evidence(lambda row: row["gold"], placement="privileged")
+def char_code_or_none(completions, example_id, **kwargs):
+    return [None if unscorable(i, completion_text(c)) or i == "ex2" else float(sum(map(ord, completion_text(c))) % 7)
+            for c, i in zip(completions, example_id)]
+
+
+def test_none_rewards_match_trl(tmp_path):
+    """Unscorable completions (every reward None) are out of the statistics and get 0, as in TRL."""
+    trainer = make_trainer(tmp_path, [letter_e_or_none, char_code_or_none], per_device_train_batch_size=8,
+                           num_generations=4)
+    seen = record_batches(trainer)
+    trainer.train()
+    mixed_group = False
+    for batch in seen:
+        rewards, adv, mask = batch["rewards"], batch["out"]["advantages"], batch["out"]["completion_mask"].float()
+        none_rows = torch.isnan(rewards).all(1)
+        mixed_group |= bool((none_rows.view(-1, 4).any(1) & ~none_rows.view(-1, 4).all(1)).any())
+        gdpo = gdpo_advantages(rewards, 4)
+        torch.testing.assert_close(batch["trl"], gdpo, atol=1e-4, rtol=1e-4)  # TRL's normalize_then_sum
+        assert torch.equal(adv[none_rows], torch.zeros(int(none_rows.sum()), adv.shape[1]))
+        rows = mask.sum(1) > 0
+        mean = (adv * mask).sum(1)[rows] / mask.sum(1)[rows]
+        torch.testing.assert_close(mean, gdpo[rows], atol=1e-4, rtol=1e-4)
+    assert mixed_group and any(torch.isnan(b["rewards"]).all(1).view(-1, 4).all(1).any() for b in seen)
+
+
+def test_trained_advantages_replace_trl_in_the_completions_log(tmp_path):
+    # Without batch normalisation the trained advantages differ from TRL's own (normalize_then_sum).
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code], max_steps=1, credit_batch_norm=False)
+    seen = record_batches(trainer)
+    trainer.train()
+    adv, mask = seen[-1]["out"]["advantages"], seen[-1]["out"]["completion_mask"].float()
+    expected = (adv * mask).sum(1) / mask.sum(1).clamp_min(1)
+    assert not torch.allclose(expected, seen[-1]["trl"], atol=1e-3)
+    torch.testing.assert_close(torch.tensor(list(trainer._logs["advantages"])), expected)
+
+
+def record_loss_inputs(trainer, events):
+    """Appends ("gen", batch) for every generation and ("loss", inputs) for every loss call."""
+    generate, compute = trainer._generate_and_score_completions, trainer._compute_loss
+
+    def gen(inputs):
+        out = generate(inputs)
+        events.append(("gen", {k: v.clone() if torch.is_tensor(v) else v for k, v in out.items()}))
+        return out
+
+    def loss(model, inputs):
+        events.append(("loss", {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()}))
+        return compute(model, inputs)
+
+    trainer._generate_and_score_completions, trainer._compute_loss = gen, loss
+
+
+def row_key(batch, j):
+    prompt = batch["prompt_ids"][j][batch["prompt_mask"][j].bool()]
+    completion = batch["completion_ids"][j][batch["completion_mask"][j].bool()]
+    return tuple(prompt.tolist()), tuple(completion.tolist())
+
+
+def test_buffered_batches_keep_each_rows_advantages(tmp_path):
+    """steps_per_generation = num_iterations = gradient_accumulation_steps = 2: TRL shuffles, splits
+    and reuses a generation batch; every row the loss sees carries its own completion's advantages."""
+    from mrtpo.trainer import SEQUENCE_ADVANTAGES_KEY
+
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code], per_device_train_batch_size=2, steps_per_generation=2,
+                           num_iterations=2, gradient_accumulation_steps=2, max_steps=4)
+    events = []
+    record_loss_inputs(trainer, events)
+    trainer.train()
+    assert [kind for kind, _ in events] == ["gen"] + ["loss"] * 4 + ["gen"] + ["loss"] * 4
+    for start in (0, 5):
+        gen = events[start][1]
+        rows = {row_key(gen, j): j for j in range(len(gen["completion_ids"]))}
+        assert len(rows) == 4  # every row identifiable by its tokens
+        used = []
+        for _, batch in events[start + 1 : start + 5]:
+            assert batch["advantages"].shape == batch["completion_ids"].shape
+            for i in range(len(batch["completion_ids"])):
+                j = rows[row_key(batch, i)]
+                used.append(j)
+                assert torch.equal(batch["advantages"][i], gen["advantages"][j])
+                assert torch.equal(batch[SEQUENCE_ADVANTAGES_KEY][i], gen[SEQUENCE_ADVANTAGES_KEY][j])
+        assert sorted(used) == [0, 0, 1, 1, 2, 2, 3, 3]  # each row twice (num_iterations), none lost
+        assert gen["advantages"].abs().sum() > 0
+
+
+@evidence("constraint", placement="in_prompt")
+def vowel_count(completions, **kwargs):
+    """Another reward that varies within a group, so two rewards can pull a completion both ways."""
+    return [float(sum(ch in "aeiou" for ch in completion_text(c).lower()) % 4) for c in completions]
+
+
+def test_off_policy_mask_keeps_or_drops_whole_sequences(tmp_path):
+    """TRL's mask tests ``advantage >= 0``; with (B, T) advantages that would drop single tokens.
+    The trainer decides it per sequence, by the sign of the sequence's GDPO advantage."""
+    trainer = make_trainer(tmp_path, [vowel_count, char_code], off_policy_mask_threshold=-1.0, max_steps=2,
+                           per_device_train_batch_size=8, num_generations=4)
+    events, masks = [], []
+    record_loss_inputs(trainer, events)
+    original = trainer.get_off_policy_mask
+
+    def recorded(**kwargs):
+        mask = original(**kwargs)
+        masks.append((kwargs["advantages"].detach().clone(), kwargs["mask"].detach().clone(), mask))
+        return mask
+
+    trainer.get_off_policy_mask = recorded
+    trainer.train()
+    losses = [batch for kind, batch in events if kind == "loss"]
+    assert len(masks) == len(losses) == 2
+    mixed = 0
+    for batch, (token_adv, valid, mask) in zip(losses, masks):
+        sequence = batch["mrtpo_sequence_advantages"]
+        assert mask.shape == (len(sequence), 1)
+        # KL = 0 here (one iteration), so with threshold −1 only the sign of the sequence advantage decides
+        assert torch.equal(mask.squeeze(1), (sequence >= 0).to(mask.dtype))
+        rows = valid.sum(1) > 0
+        mean = (token_adv * valid).sum(1)[rows] / valid.sum(1)[rows]
+        torch.testing.assert_close(mean, sequence[rows], atol=1e-4, rtol=1e-4)
+        signs = (token_adv >= 0) & valid.bool()
+        mixed += int(((signs.sum(1) > 0) & (signs.sum(1) < valid.sum(1))).sum())
+    assert mixed > 0  # some sequence had tokens of both signs: a token-level mask would have split it

@@ -10,11 +10,15 @@ differs from GRPOTrainer, and nothing else:
    Group and batch statistics come from the gathered global rewards; each process replays only
    its own completions (a group's shared prompt encoded once per context, its KV cache reused),
    then pads its forward-call count to the global maximum so all ranks stay in lockstep.
-3. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
+3. TRL's off-policy sequence mask (``off_policy_mask_threshold``) keeps or drops a sequence by the
+   sign of its *sequence* advantage (carried next to the ``(B, T)`` advantages), never token by
+   token; TRL's completions table logs each completion's trained advantage (its token mean).
+4. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
    update, and a callback writes every log line to ``<output_dir>/metrics.jsonl``.
 
 TRL's loss is untouched: it already accepts ``(B, T)`` advantages. Loss types that assume one
-advantage per sequence are rejected by the config.
+advantage per sequence are rejected by the config, and so are TRL's reward-aggregation settings
+that the method decides instead (``multi_objective_aggregation``, ``scale_rewards``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ from mrtpo.verifiers import Evidence
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
 SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
+#: TRL's ``multi_objective_aggregation`` that computes a method's sequence advantages (by its
+#: ``CreditMethod.sequence``); TRL's own advantages are then the ones the method averages to.
+TRL_AGGREGATION = {"grpo": "sum_then_normalize", "gdpo": "normalize_then_sum"}
+#: Key of the ``(B,)`` sequence advantages in the batches handed to TRL's loss.
+SEQUENCE_ADVANTAGES_KEY = "mrtpo_sequence_advantages"
 
 
 @dataclass
@@ -67,6 +76,8 @@ class MRTPOConfig(GRPOConfig):
     privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
     credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
     credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
+    multi_objective_aggregation: str | None = field(default=None, metadata={"help": (
+        "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused")})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -95,6 +106,19 @@ class MRTPOConfig(GRPOConfig):
             raise ValueError(
                 f"loss_type={self.loss_type!r} assumes one advantage per sequence; token-level credit needs a "
                 "token-level loss: use one of 'dapo' (default), 'grpo', 'bnpo', 'dr_grpo', 'cispo', 'sapo'"
+            )
+        aggregation = TRL_AGGREGATION[get_method(self.method).sequence]
+        if self.multi_objective_aggregation not in (None, aggregation):
+            raise ValueError(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r} contradicts method={self.method!r}, "
+                f"whose advantages aggregate the rewards as {aggregation!r}: the method decides how rewards are "
+                "combined; leave multi_objective_aggregation unset (or choose another method)"
+            )
+        if self.scale_rewards != "group":
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} is not supported: grpo divides by each group's std "
+                "(scale_rewards='group'); the GDPO family (gdpo, mrtpo, contrast, entropy) divides each reward by its "
+                "group's std and the sum by the batch's (credit_batch_norm). Leave scale_rewards='group'"
             )
         if self.importance_sampling_level != "token":
             raise ValueError(
@@ -162,6 +186,9 @@ class MRTPOTrainer(GRPOTrainer):
         if self.environment_factories is not None:
             raise NotImplementedError("MRTPOTrainer does not support environment rollouts (environment_factory)")
         self.credit_method = get_method(self.args.method)
+        # TRL computes its own (B,) advantages too (kept for comparison): the method's sequence level.
+        self.multi_objective_aggregation = TRL_AGGREGATION[self.credit_method.sequence]
+        self._loss_sequence_advantages: Tensor | None = None
         self.credit_config = CreditConfig(
             lam=self.args.lam, w_max=self.args.w_max, batch_norm=self.args.credit_batch_norm,
             reward_weights=self.reward_weights.tolist(),
@@ -364,8 +391,42 @@ class MRTPOTrainer(GRPOTrainer):
         advantages = self.credit_method(batch, self.credit_config)
         self._trl_advantages = out["advantages"].detach().cpu()  # TRL's own (B,), kept for comparison
         out["advantages"] = advantages.to(device)
+        # Travels with the rows through TRL's shuffle and split: the off-policy mask's per-sequence sign.
+        out[SEQUENCE_ADVANTAGES_KEY] = self.credit_method.sequence_advantages(batch, self.credit_config).to(device)
+        self._log_trained_advantages(advantages, mask)
         self._log_credit(inputs, out, batch, maps, advantages)
         return out
+
+    def _log_trained_advantages(self, advantages: Tensor, mask: Tensor) -> None:
+        """Put each completion's trained advantage (the mean over its tokens, ``(B, T)`` → ``(B,)``,
+        gathered over processes) in place of TRL's in the completions table TRL logs."""
+        local = (advantages * mask).sum(1) / mask.sum(1).clamp_min(1)
+        trained = self.accelerator.gather(local.to(self.accelerator.device)).cpu().tolist()
+        logged = self._logs["advantages"]
+        for _ in range(min(len(trained), len(logged))):
+            logged.pop()
+        logged.extend(trained)
+
+    # --- TRL's off-policy sequence mask, per sequence -------------------------------------------
+    def _compute_loss(self, model, inputs):
+        self._loss_sequence_advantages = inputs.get(SEQUENCE_ADVANTAGES_KEY)
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._loss_sequence_advantages = None
+
+    def get_off_policy_mask(self, advantages: Tensor, per_token_logps: Tensor, sampling_per_token_logps: Tensor,
+                            mask: Tensor, off_policy_threshold: float) -> Tensor:
+        """TRL's off-policy sequence mask ``(B, 1)`` (keep if advantage ≥ 0 or mean KL ≤ threshold),
+        with the advantage of the *sequence* (its GDPO / GRPO advantage), so a sequence is kept or
+        dropped whole even when its token advantages ``(B, T)`` have both signs."""
+        sequence = self._loss_sequence_advantages
+        if sequence is not None:
+            advantages = sequence.to(advantages).view(-1, 1)
+        elif advantages.dim() == 2 and advantages.shape[1] > 1:
+            raise RuntimeError("the off-policy mask needs the batch's sequence advantages, which it does not carry")
+        return GRPOTrainer.get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask,
+                                               off_policy_threshold)
 
     def _log_credit(self, inputs, out, batch: CreditBatch, maps: dict, advantages: Tensor) -> None:
         """Per-reward credit metrics over the global batch, and a few completions' token weights.
@@ -430,4 +491,5 @@ class MRTPOTrainer(GRPOTrainer):
                 f.write(json.dumps(record) + "\n")
 
 
-__all__ = ["SEQUENCE_LEVEL_LOSSES", "MRTPOConfig", "MRTPOTrainer", "MetricsJSONL"]
+__all__ = ["SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES", "TRL_AGGREGATION", "MRTPOConfig", "MRTPOTrainer",
+           "MetricsJSONL"]
