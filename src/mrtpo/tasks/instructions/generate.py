@@ -36,7 +36,6 @@ import random
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from mrtpo.tasks.instructions import checkers, pools
 from mrtpo.verifiers import Example
