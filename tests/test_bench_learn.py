@@ -1,6 +1,5 @@
-"""``mrtpo bench learn``: steps-to-target and seed aggregation on hand-made records, the presets,
-the held-out evaluation callback, and a real 2 methods x 2 seeds x 2 steps benchmark on the sql
-task with a tiny random model (same prompts per seed across methods, comparison files, resume).
+"""``mrtpo bench learn``: completion digests, the held-out evaluation callback, and a real 2 methods
+x 2 seeds x 2 steps benchmark on the sql task with a tiny random model (same prompts per seed across methods, comparison files, resume).
 
 The tiny model never writes valid SQL, so a test-only reward that differs between almost any two
 completions is added to the task's three: then groups have a spread, the updates are real and
@@ -13,66 +12,8 @@ import types
 
 import pytest
 import torch
-import yaml
 
-from mrtpo.bench.learn import (
-    CONFIGS_DIR,
-    EvalCallback,
-    aggregate_curves,
-    completion_digests,
-    main,
-    read_preset,
-    shared_samples,
-    steps_to_target,
-    summarise_steps_to_target,
-)
-
-# --------------------------------------------------------------------------------------------
-# Steps to target, aggregation (hand-computed).
-# --------------------------------------------------------------------------------------------
-FIXTURE = [
-    {"step": 1, "loss": 0.1, "reward": 0.5},
-    {"step": 2, "loss": 0.1, "reward": 1.0},
-    {"step": 2, "eval_loss": 9.0, "reward": 99.0},  # an eval line: ignored
-    {"step": 3, "loss": 0.1, "reward": 2.6},
-    {"step": 4, "loss": 0.1, "reward": float("nan")},  # not finite: ignored
-    {"step": 5, "loss": 0.1, "reward": 2.4},
-    {"step": 6, "loss": 0.1, "reward": 2.8, "rewards/result/mean": 1.0},
-    {"step": 6, "train_runtime": 12.0, "reward": 50.0},  # the end-of-training summary: ignored
-]
-
-
-def test_steps_to_target_on_a_hand_made_metrics_file():
-    assert steps_to_target(FIXTURE, 2.5) == 3  # first logged step with reward >= 2.5
-    assert steps_to_target(FIXTURE, 1.0) == 2  # >= is inclusive
-    assert steps_to_target(FIXTURE, 0.0) == 1
-    assert steps_to_target(FIXTURE, 2.7) == 6
-    assert steps_to_target(FIXTURE, 3.0) is None  # never: the 50.0 and 99.0 lines do not count
-    # Trailing mean over 2 logged values: 0.5, 0.75, 1.8, (nan skipped) 2.5, 2.6 -> 2.5 first at step 5.
-    assert steps_to_target(FIXTURE, 2.5, window=2) == 5
-    # Over 3: 0.5, 0.75, 1.367, 2.0, 2.6 -> step 6.
-    assert steps_to_target(FIXTURE, 2.5, window=3) == 6
-    assert steps_to_target(FIXTURE, 1.0, key="rewards/result/mean") == 6
-    assert steps_to_target(FIXTURE, 0.0, key="rewards/absent/mean") is None
-    with pytest.raises(ValueError, match="window"):
-        steps_to_target(FIXTURE, 1.0, window=0)
-
-
-def test_steps_to_target_summary_counts_only_seeds_that_reached_it():
-    s = summarise_steps_to_target({0: 3, 1: None, 2: 4}, max_steps=8)
-    assert s["reached"] == 2 and s["of"] == 3 and s["mean"] == 3.5
-    assert s["text"] == "3.5 (2/3 seeds; 1 not reached within 8 steps)"
-    assert s["per_seed"] == {"0": 3, "1": None, "2": 4}
-    none = summarise_steps_to_target({0: None, 1: None}, max_steps=4)
-    assert none["mean"] is None and none["text"] == "not reached (0/2 seeds within 4 steps)"
-    assert summarise_steps_to_target({0: 2, 1: 5})["text"] == "3.5 (2/2 seeds)"
-
-
-def test_aggregate_curves_mean_min_max_per_step():
-    agg = aggregate_curves({0: ([1, 2, 3], [1.0, 2.0, 3.0]), 1: ([1, 2], [3.0, float("nan")]), 2: ([2], [5.0])})
-    assert agg["steps"] == [1, 2, 3]
-    assert agg["mean"] == [2.0, 3.5, 3.0] and agg["min"] == [1.0, 2.0, 3.0] and agg["max"] == [3.0, 5.0, 3.0]
-    assert agg["n"] == [2, 2, 1]
+from mrtpo.bench.learn import EvalCallback, completion_digests, main
 
 
 def test_completion_digests_ignore_padding_and_tell_tokens_apart():
@@ -82,52 +23,6 @@ def test_completion_digests_ignore_padding_and_tell_tokens_apart():
     assert len(d) == 4 and all(len(x) == 16 for x in d)
     assert d[0] == d[1]  # same tokens, different padding
     assert len({d[0], d[2], d[3]}) == 3  # one token changed; one token longer
-
-
-def test_shared_samples_on_hand_made_batches():
-    ref = [["a", "b", "c", "d"], ["e", "f", "g", "h"], ["i", "j", "k", "l"]]
-    got = shared_samples(ref, [["a", "b", "c", "d"], ["e", "x", "g", "y"], ["z", "z", "z", "z"]])
-    assert got["per_batch"] == [1.0, 0.5, 0.0]
-    assert got["share"] == pytest.approx(6 / 12) and got["compared"] == 12
-    assert got["first_different"] == 1
-    same = shared_samples(ref, ref)
-    assert same["share"] == 1.0 and same["first_different"] is None
-    # A shorter run is compared over the batches both have.
-    assert shared_samples(ref, ref[:1]) == {"share": 1.0, "compared": 4, "per_batch": [1.0], "first_different": None}
-    assert shared_samples([], [])["share"] is None
-
-
-# --------------------------------------------------------------------------------------------
-# Presets.
-# --------------------------------------------------------------------------------------------
-def test_presets_hold_valid_training_keys_and_per_task_sections():
-    from mrtpo.train import load_config, valid_keys
-
-    keys = valid_keys()
-    for name in ("cpu", "gpu"):
-        path = CONFIGS_DIR / f"bench-learn-{name}.yaml"
-        for task in ("sql", "toolcall", "instructions"):
-            train, bench = read_preset(path, task)
-            assert set(train) <= set(keys), set(train) - set(keys)
-            assert bench["eval_size"] > 0 and bench["eval_every"] > 0
-        raw = yaml.safe_load(path.read_text())
-        assert "method" not in raw and "seed" not in raw  # the benchmark sets those per run
-    train, bench = read_preset(CONFIGS_DIR / "bench-learn-cpu.yaml", "sql")
-    assert train["task_args"] == {"sample_rows": 0} and bench["target_reward"] == 2.5
-    assert bench["eval_max_new_tokens"] == 128
-    train, bench = read_preset(CONFIGS_DIR / "bench-learn-cpu.yaml", "instructions")
-    assert train["max_completion_length"] == 192 and bench["target_reward"] is None
-    config = load_config([], {**read_preset(CONFIGS_DIR / "bench-learn-cpu.yaml", "toolcall")[0], "task": "toolcall"})
-    assert config.run.lora_r == 16 and config.args.max_completion_length == 96 and config.args.logging_steps == 1
-
-
-def test_preset_with_an_unknown_bench_key_is_refused(tmp_path):
-    from mrtpo.bench.learn import BenchError
-
-    bad = tmp_path / "p.yaml"
-    bad.write_text("max_steps: 2\nbench:\n  eval_evry: 2\n")
-    with pytest.raises(BenchError, match="unknown bench key.*eval_evry"):
-        read_preset(bad, "sql")
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,7 +140,8 @@ def test_comparison_files_cover_every_method_and_seed(bench):
         assert result["summary"][m]["seeds"] == list(SEEDS)
         for s in SEEDS:
             assert f"| {m} | {s} | 2 |" in md  # one row per run in the runs table
-        assert "not reached (0/2 seeds within 2 steps)" in md.split(f"| {m} |")[3]  # steps-to-target row
+        steps_table = md.split("## Steps to reach the target reward")[1].split("##")[0]
+        assert f"| {m} | not reached (0/2 seeds within 2 steps) |" in steps_table
     for png in ("rewards.png", "length.png", "heldout.png"):
         assert f"]({png})" in md
 
@@ -259,6 +155,19 @@ def test_comparison_files_cover_every_method_and_seed(bench):
         got = result["summary"][m]["final"]["completions/mean_length"]
         assert got["mean"] == pytest.approx(sum(per_run) / 2)
         assert got["std"] == pytest.approx(abs(per_run[0] - per_run[1]) / math.sqrt(2))
+        half = 12.706204736 * got["std"] / math.sqrt(2)  # t(0.975, 1 degree of freedom) * s / sqrt(n)
+        assert got["ci95"] == pytest.approx([got["mean"] - half, got["mean"] + half])
+
+    # mrtpo paired against gdpo, seed by seed, on the final total reward.
+    paired = result["paired"]
+    assert paired["reference"] == "gdpo" and list(paired["by_method"]) == ["mrtpo"]
+    final = {(r["method"], r["seed"]): r["final"]["reward"] for r in result["runs"]}
+    diffs = [final[("mrtpo", s)] - final[("gdpo", s)] for s in SEEDS]
+    total = paired["by_method"]["mrtpo"]["reward"]
+    assert total["n"] == 2 and total["mean_difference"] == pytest.approx(sum(diffs) / 2)
+    assert set(paired["by_method"]["mrtpo"]) == {"reward", "heldout/execution_accuracy", "steps_to_target"}
+    assert paired["by_method"]["mrtpo"]["steps_to_target"]["n"] == 0  # no seed reached 1000
+    assert "## Paired against gdpo, seed by seed" in md and "## Means with 95% confidence intervals" in md
 
 
 def test_every_run_is_evaluated_at_start_each_step_and_end(bench):

@@ -1,0 +1,169 @@
+"""Planning a learning benchmark: presets, one config per (method, seed) from one base, and which
+runs are finished, partial or still to do.
+
+Every run gets the *same* settings: the preset, then each ``--config``, then the flags and
+``key=value`` overrides; only ``method`` differs between methods and only ``seed`` between seed
+indices (:func:`plan_configs` checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
+DEFAULT_SEEDS = (0, 1, 2)
+CONFIGS_DIR = Path(__file__).resolve().parents[4] / "configs"
+FINISHED = "finished.json"
+
+#: Keys the benchmark sets per run; a config or override may not set them.
+CONTROLLED_KEYS = ("method", "seed", "output_dir", "task")
+#: Keys that may differ between the runs of one benchmark (everything else must be identical).
+PER_RUN_KEYS = ("method", "seed", "output_dir")
+#: Evaluation settings a finished run must share with the current invocation to be kept.
+EVAL_KEYS = ("eval_every", "eval_size", "eval_batch_size", "eval_max_new_tokens")
+#: Keys of a preset's ``bench:`` section.
+BENCH_KEYS = ("eval_every", "eval_size", "eval_batch_size", "eval_max_new_tokens", "target_reward",
+              "target_key", "target_window", "tail")
+
+__all__ = [
+    "BENCH_KEYS",
+    "CONFIGS_DIR",
+    "DEFAULT_SEEDS",
+    "EVAL_KEYS",
+    "FINISHED",
+    "METHODS",
+    "BenchError",
+    "plan_configs",
+    "read_preset",
+    "resolve_preset",
+    "run_dir",
+    "run_status",
+    "settings_diff",
+    "stable_settings",
+]
+
+
+class BenchError(ValueError):
+    """A mistake in the benchmark's inputs; the message says what to change."""
+
+
+def resolve_preset(preset: str) -> Path:
+    """A preset name (``configs/bench-learn-<name>.yaml``) or a YAML file path -> the file."""
+    path = Path(preset)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise BenchError(f"preset file {path} does not exist")
+        return path
+    named = CONFIGS_DIR / f"bench-learn-{preset}.yaml"
+    if not named.is_file():
+        known = sorted(p.stem.removeprefix("bench-learn-") for p in CONFIGS_DIR.glob("bench-learn-*.yaml"))
+        raise BenchError(f"unknown preset {preset!r}: there is no {named}. Use {', '.join(known)} or a YAML file path.")
+    return named
+
+
+def read_preset(path: str | os.PathLike, task: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(training settings, bench settings)`` of a preset file for ``task``.
+
+    A preset is a ``mrtpo train`` config plus two reserved sections: ``per_task: {<task>: {...}}``
+    (training settings merged over the common ones for that task) and ``bench: {...}``
+    (:data:`BENCH_KEYS`; a mapping value such as ``target_reward: {sql: 2.5}`` is per task).
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise BenchError(f"preset {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise BenchError(f"preset {path} must be a mapping of key: value lines")
+    per_task = data.pop("per_task", None) or {}
+    bench = data.pop("bench", None) or {}
+    if not isinstance(per_task, dict) or not isinstance(bench, dict):
+        raise BenchError(f"preset {path}: per_task and bench must be mappings")
+    unknown = sorted(set(bench) - set(BENCH_KEYS))
+    if unknown:
+        raise BenchError(f"preset {path}: unknown bench key(s) {', '.join(unknown)}; valid: {', '.join(BENCH_KEYS)}")
+    train = dict(data)
+    train.update(per_task.get(task) or {})
+    bench = {k: (v.get(task) if isinstance(v, dict) else v) for k, v in bench.items()}
+    return train, bench
+
+
+def run_dir(out: Path, method: str, seed: int) -> Path:
+    """The folder of one run: ``<out>/<method>-seed<seed>``."""
+    return Path(out) / f"{method}-seed{seed}"
+
+
+def stable_settings(config) -> dict[str, Any]:
+    """The run's flat settings as JSON values, without the keys that differ per run."""
+    flat = {k: v for k, v in config.to_flat().items() if k not in PER_RUN_KEYS}
+    return json.loads(json.dumps(flat, default=str))
+
+
+def settings_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Keys both mappings have with different values (a key only one side has, e.g. a setting added
+    to the trainer after a run finished, is not a difference: it kept its default)."""
+    return [f"{k}: {a[k]!r} vs {b[k]!r}" for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+
+
+def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset_train: dict[str, Any],
+                 preset_source: str, configs: Sequence[str], overrides: dict[str, Any], out: Path):
+    """``{(method, seed): RunConfig}``, built from one base; checks that only method/seed/folder differ."""
+    from mrtpo.train import ConfigError, load_config
+
+    for key in CONTROLLED_KEYS:
+        if key in overrides:
+            raise BenchError(f"{key} is set by the benchmark (use --task/--methods/--seeds/--out), not as {key}=...")
+    for path in configs:
+        if not Path(path).is_file():
+            raise BenchError(f"config file {path} does not exist")
+        given = yaml.safe_load(Path(path).read_text()) or {}
+        bad = [k for k in CONTROLLED_KEYS if k in given]
+        if bad:
+            raise BenchError(f"config {path} sets {', '.join(bad)}, which the benchmark controls per run; remove it "
+                             "(use --task/--methods/--seeds/--out)")
+    base = {**preset_train, "task": task}
+    plans = {}
+    for seed in seeds:
+        for method in methods:
+            per_run = {**overrides, "method": method, "seed": seed, "output_dir": str(run_dir(out, method, seed))}
+            try:
+                plans[(method, seed)] = load_config(list(configs), per_run, base=base, base_source=preset_source)
+            except ConfigError as exc:
+                raise BenchError(str(exc)) from None
+    first = None
+    for key, config in plans.items():
+        settings = stable_settings(config)
+        if first is None:
+            first = (key, settings)
+        elif settings != first[1]:  # pragma: no cover  (load_config is deterministic; a guard)
+            raise BenchError(f"runs {first[0]} and {key} would differ in more than method/seed: "
+                             f"{settings_diff(first[1], settings)}")
+    return plans
+
+
+def run_status(plans: Mapping[tuple[str, int], Any], out: Path, eval_settings: Mapping[str, Any]) -> dict:
+    """``{(method, seed): "finished" | "partial" | "to do"}``.
+
+    A finished run (its folder has :data:`FINISHED`) must have used the settings planned now and
+    the same evaluation settings; otherwise :class:`BenchError` names the differing keys.
+    """
+    status = {}
+    for (method, seed), config in plans.items():
+        done = run_dir(out, method, seed) / FINISHED
+        if done.is_file():
+            saved = json.loads(done.read_text())
+            differs = settings_diff(saved.get("settings", {}), stable_settings(config))
+            differs += settings_diff(saved.get("eval", {}), {k: eval_settings[k] for k in EVAL_KEYS})
+            if differs:
+                raise BenchError(f"{done.parent} finished with other settings ({'; '.join(differs[:6])}). "
+                                 "Use another --out, or delete that run folder to redo it.")
+            status[(method, seed)] = "finished"
+        else:
+            status[(method, seed)] = "partial" if done.parent.exists() else "to do"
+    return status
