@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrtpo.bench import machine_info
+from mrtpo.machine import machine_info
 
 #: Default ``max_new_tokens`` per task (long enough for the task's answers: one or a few tool
 #: calls, one SQL query, an IFEval response of a few paragraphs).

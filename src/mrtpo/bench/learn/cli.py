@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mrtpo.bench import machine_info
+from mrtpo.machine import machine_info
 from mrtpo.bench.learn.compare import build_comparison
 from mrtpo.bench.learn.plan import (
     DEFAULT_SEEDS,
