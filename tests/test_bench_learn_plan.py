@@ -9,7 +9,7 @@ from mrtpo.bench.learn import CONFIGS_DIR, read_preset
 # Presets.
 # --------------------------------------------------------------------------------------------
 def test_presets_hold_valid_training_keys_and_per_task_sections():
-    from mrtpo.train import load_config, valid_keys
+    from mrtpo.config import load_config, valid_keys
 
     keys = valid_keys()
     for name in ("cpu", "gpu"):

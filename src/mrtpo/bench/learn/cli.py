@@ -25,7 +25,7 @@ from mrtpo.bench.learn.plan import (
 )
 from mrtpo.bench.learn.report import fmt_mean_std
 from mrtpo.bench.learn.run import run_one
-from mrtpo.train import TASK_NAMES
+from mrtpo.config import TASK_NAMES
 
 __all__ = ["main"]
 
@@ -150,7 +150,7 @@ def _print_summary(result: dict[str, Any], settings: dict[str, Any]) -> None:
 def _main(ns, argv: list[str]) -> int:
     from mrtpo.credit import available_methods
     from mrtpo.models import ModelLoadError
-    from mrtpo.train import ConfigError, parse_overrides
+    from mrtpo.config import ConfigError, parse_overrides
 
     methods = _list(ns.methods, str, "methods")
     unknown = [m for m in methods if m not in available_methods()]

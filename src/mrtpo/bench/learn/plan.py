@@ -114,7 +114,7 @@ def settings_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset_train: dict[str, Any],
                  preset_source: str, configs: Sequence[str], overrides: dict[str, Any], out: Path):
     """``{(method, seed): RunConfig}``, built from one base; checks that only method/seed/folder differ."""
-    from mrtpo.train import ConfigError, load_config
+    from mrtpo.config import ConfigError, load_config
 
     for key in CONTROLLED_KEYS:
         if key in overrides:

@@ -1,6 +1,6 @@
 """Running one planned benchmark run: train with held-out evaluation, record what was sampled.
 
-:func:`run_one` takes one :class:`~mrtpo.train.RunConfig` (from :func:`~.plan.plan_configs`) and
+:func:`run_one` takes one :class:`~mrtpo.config.RunConfig` (from :func:`~.plan.plan_configs`) and
 the evaluation settings, trains it in this process and writes ``finished.json``. Alongside the
 usual run folder it writes ``eval.jsonl`` / ``eval_outputs.jsonl`` (:class:`EvalCallback`) and
 ``prompts.jsonl``: per generation batch, its step, example ids and a digest of every sampled
@@ -169,13 +169,14 @@ def _looks_like_run_folder(folder: Path) -> bool:
 def run_one(config, eval_settings: dict[str, Any], log=print) -> dict[str, Any]:
     """Train one planned (method, seed) run with held-out evaluation; write ``finished.json``.
 
-    ``config`` is a :class:`~mrtpo.train.RunConfig` whose ``output_dir`` is the run folder (an
+    ``config`` is a :class:`~mrtpo.config.RunConfig` whose ``output_dir`` is the run folder (an
     unfinished one there is removed first); ``eval_settings`` holds :data:`~.plan.EVAL_KEYS` and
     ``share_start_eval``. Returns what ``finished.json`` holds (steps, seconds, settings).
     """
     import torch
 
-    from mrtpo.train import build_trainer, write_config
+    from mrtpo.config import write_config
+    from mrtpo.train import build_trainer
 
     folder = Path(config.args.output_dir)
     if folder.exists():

@@ -1,0 +1,84 @@
+"""``mrtpo.config``: the settings layers, aliases, type coercion, validation and ``config.yaml``."""
+
+import pytest
+import yaml
+
+from mrtpo.config import TRAIN_DEFAULTS, ConfigError, load_config, write_config
+
+
+def test_unknown_key_names_it_suggests_the_closest_and_says_where_the_list_is(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("task: sql\nlearnig_rate: 1.0e-5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config([cfg])
+    msg = str(err.value)
+    assert "'learnig_rate'" in msg and str(cfg) in msg
+    assert "did you mean 'learning_rate'?" in msg
+    assert "mrtpo train --list-keys" in msg
+    # A run-level key is suggested too, and a hopeless key gets no suggestion.
+    with pytest.raises(ConfigError, match="did you mean 'train_size'"):
+        load_config([], {"train_sise": 4})
+    with pytest.raises(ConfigError) as err:
+        load_config([], {"qqqqqq": 1})
+    assert "did you mean" not in str(err.value)
+
+
+def test_lora_learning_rate_default_and_deprecated_alias():
+    assert load_config([], {"lora_r": 8}).args.learning_rate == 2e-5  # LoRA default
+    assert load_config([], {"lora_r": 8, "learning_rate": 3e-6}).args.learning_rate == 3e-6  # explicit wins
+    assert load_config([], {}).args.learning_rate == TRAIN_DEFAULTS["learning_rate"]
+    assert load_config([], {"gradient_checkpointing": True}).args.activation_checkpointing is True
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"max_steps": "many"}, "max_steps (from command line) must be an integer, got 'many'"),
+    ({"max_steps": 2.5}, "must be an integer"),
+    ({"lam": 3}, "lam must be in [0, 1]"),
+    ({"method": "gspo"}, "unknown method 'gspo'"),
+    ({"task": "sqll"}, "unknown task 'sqll' (did you mean 'sql'?)"),
+    ({"dtype": "int8"}, "dtype must be float32, bfloat16 or float16"),
+    ({"use_cpu": "maybe"}, "use_cpu (from command line) must be true or false"),
+    ({"num_generations": 3}, "divisible by num_generations"),
+    ({"steps_per_generation": 2, "generation_batch_size": 8}, "not both"),
+])
+def test_bad_values_fail_with_clear_messages(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config([], override)
+    assert message in str(err.value)
+
+
+def test_report_to_needs_the_package():
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(ConfigError, match=r"report_to='wandb' needs the 'wandb' package.*pip install wandb"):
+            load_config([], {"report_to": "wandb"})
+    assert load_config([], {"report_to": "tensorboard"}).args.report_to == ["tensorboard"]
+    assert load_config([], {}).args.report_to == []
+
+
+def test_resolved_config_round_trips_and_lists_every_field(tmp_path):
+    import dataclasses
+
+    from mrtpo.config import RunSettings
+    from mrtpo.trainer import MRTPOConfig
+
+    config = load_config([], {"output_dir": str(tmp_path / "run"), "task": "toolcall", "temperature": 0.8,
+                              "task_args": {"sample_rows": 0}, "lora_r": 4})
+    path = write_config(config, tmp_path / "config.yaml")
+    saved = yaml.safe_load(path.read_text())
+    expected = {f.name for f in dataclasses.fields(RunSettings)} | {f.name for f in dataclasses.fields(MRTPOConfig)}
+    # Only the derived half of a TRL pair, deprecated aliases and hub tokens are left out.
+    assert expected - set(saved) == {"generation_batch_size", "gradient_checkpointing",
+                                     "gradient_checkpointing_kwargs", "hub_token"}
+    assert saved["temperature"] == 0.8 and saved["task"] == "toolcall" and saved["learning_rate"] == 2e-5
+    again = load_config([path])
+    assert again.to_flat() == config.to_flat()
+
+
+def test_a_later_layer_replaces_the_generation_pair(tmp_path):
+    saved = tmp_path / "saved.yaml"
+    saved.write_text("steps_per_generation: 2\nper_device_train_batch_size: 4\n")
+    config = load_config([saved], {"generation_batch_size": 12})
+    assert config.args.generation_batch_size == 12 and config.args.steps_per_generation == 3
+    assert load_config([saved]).args.generation_batch_size == 8
