@@ -1,0 +1,142 @@
+"""The gym tasks: rewards and ground-truth relevant positions on hand-computed cases, evidence that
+occurs in the rendered prompt, demonstrators that meet rewards at the set rate, deterministic splits."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import mrtpo.gym.task  # noqa: F401  (registers the gym tasks)
+from mrtpo.gym import answer, call, constraints
+from mrtpo.gym.vocab import WORDS, gym_tokenizer
+from mrtpo.replay import remove_span
+from mrtpo.tasks import get_task
+from mrtpo.verifiers import Example
+
+GYM = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap")
+
+
+def _constraints_example(clauses):
+    gold = {"topic": ["fig", "tan", "elk"], "length": 6,
+            "clauses": [{"kind": k, "args": a, "text": constraints.clause_text(k, a)} for k, a in clauses]}
+    return Example(id="x", split="train", messages=[{"role": "user", "content": "?"}], gold=gold)
+
+
+def test_constraints_rewards_and_positions_by_hand():
+    ex = _constraints_example([("include", ["owl"]), ("avoid", ["rice"]), ("start", ["gold"]), ("end", ["pie"]),
+                               ("before", ["cat", "dog"]), ("count", ["fox", 2]), ("length", [6])])
+    verifiers = constraints.verifiers(7)
+    words = "gold owl cat rice dog pie".split()
+    assert [v(" ".join(words), ex) for v in verifiers] == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    assert [v.positions(words, ex) for v in verifiers] == [[1], [3], [0], [5], [2, 4], [], [6]]
+    # dog before cat breaks "cat before dog"; both first occurrences are the relevant positions
+    words = "dog fox cat fox cat".split()
+    assert verifiers[4](" ".join(words), ex) == 0.0 and verifiers[4].positions(words, ex) == [0, 2]
+    assert verifiers[5](" ".join(words), ex) == 1.0 and verifiers[5].positions(words, ex) == [1, 3]
+    assert verifiers[6](" ".join(words), ex) == 0.0 and verifiers[6].positions(words, ex) == [5]
+
+
+def test_overlap_control_shares_evidence_and_positions():
+    task = get_task("gym-overlap")
+    ex = task.load("train", 1)[0]
+    x = ex.gold["clauses"][0]["args"][0]
+    once, twice = task.verifiers()
+    words = [x, "the", x]
+    assert (once(" ".join(words), ex), twice(" ".join(words), ex)) == (1.0, 1.0)
+    assert (once(x, ex), twice(x, ex)) == (1.0, 0.0)
+    assert once.evidence(ex) == twice.evidence(ex)
+    assert task.relevant_positions(ex, words) == {"once": [0, 2], "twice": [0, 2]}
+
+
+def test_answer_rewards_and_positions_by_hand():
+    gold = {"items": ["owl", "red", "pie", "rome"], "op": "reverse", "category": None,
+            "answer": ["rome", "pie", "red", "owl"], "items_text": "items : owl red pie rome ."}
+    ex = Example(id="a", split="train", messages=[], gold=gold)
+    fmt, valid, result = answer.verifiers()
+    words = "<ans> rome pie owl red </ans>".split()
+    assert [v(" ".join(words), ex) for v in (fmt, valid, result)] == [1.0, 1.0, 0.0]
+    assert fmt.positions(words, ex) == [0, 5] and valid.positions(words, ex) == [1, 2, 3, 4]
+    assert result.positions(words, ex) == [3]
+    # bracketed but right: format fails where the wrapper is, result and valid hold
+    words = "[ rome pie red owl ]".split()
+    assert [v(" ".join(words), ex) for v in (fmt, valid, result)] == [0.0, 1.0, 1.0]
+    assert fmt.positions(words, ex) == [0, 5]
+    # a word that is not an item; a missing last item points after the last answer word
+    words = "<ans> rome cat red </ans>".split()
+    assert (valid(" ".join(words), ex), valid.positions(words, ex), result.positions(words, ex)) == (0.0, [2], [2])
+    words = "<ans> rome pie red </ans>".split()
+    assert result(" ".join(words), ex) == 0.0 and result.positions(words, ex) == [4]
+    assert answer.gold_answer(["owl", "red", "pie", "cat"], "keep", "animal") == ["owl", "cat"]
+
+
+def test_call_rewards_and_positions_by_hand():
+    gold = {"name": "order", "args": [("food", "pie"), ("count", "3")], "call": "order ( food = pie , count = 3 )"}
+    ex = Example(id="c", split="train", messages=[], gold=gold)
+    fmt, corr = call.verifiers()
+    words = "<call> order ( food = pie , count = 4 ) </call>".split()
+    assert fmt(" ".join(words), ex) == 1.0
+    assert corr(" ".join(words), ex) == pytest.approx((1 + 1 + 0.5) / 3)
+    assert corr.positions(words, ex) == [9]
+    words = "order ( food = pie )".split()  # unwrapped, count missing: the ")" is where it should be
+    assert fmt(" ".join(words), ex) == 0.0
+    assert corr(" ".join(words), ex) == pytest.approx((1 + 0.5 + 0.5) / 3)
+    assert corr.positions(words, ex) == [5]
+    words = "find ( city = pie , count = 3 )".split()  # wrong name, wrong key, food missing
+    assert corr(" ".join(words), ex) == pytest.approx((0 + 0.5 + 0.5) / 3)
+    assert corr.positions(words, ex) == [0, 2, 9]
+    exact = "<call> order ( food = pie , count = 3 ) </call>".split()
+    assert corr(" ".join(exact), ex) == 1.0 and corr.positions(exact, ex) == [1, 5, 9]
+    assert fmt("<call> order ( food = pie count = 3 ) </call>", ex) == 0.0  # a missing comma
+    assert corr("no call at all", ex) == 0.0
+
+
+@pytest.mark.parametrize("name", GYM)
+def test_evidence_occurs_once_in_the_rendered_prompt_and_words_are_in_vocab(name):
+    task = get_task(name)
+    tok = gym_tokenizer()
+    for ex in task.load("train", 20) + task.load("eval", 5):
+        prompt = tok.apply_chat_template(ex.messages, tokenize=False, add_generation_prompt=True)
+        assert tok.unk_token_id not in tok(prompt, add_special_tokens=False)["input_ids"]
+        for v in task.verifiers():
+            ev = v.evidence(ex)
+            if ev.placement == "in_prompt":
+                assert "  " not in remove_span(prompt, ev.text)
+            else:
+                assert all(w in WORDS for w in ev.text.split())  # (a copy's gold answer is in the prompt)
+
+
+@pytest.mark.parametrize("name", GYM)
+def test_demonstrator_meets_rewards_near_its_rate_and_outputs_score(name):
+    task = get_task(name, p_follow=0.5)
+    rng = random.Random(0)
+    examples = task.load("train", 300)
+    totals = [0.0] * len(task.verifiers())
+    for ex in examples:
+        _, words = task.demonstration(ex, rng)
+        for i, v in enumerate(task.verifiers()):
+            totals[i] += v(" ".join(words), ex)
+    rates = [t / len(examples) for t in totals]
+    assert all(0.1 < r < 0.95 for r in rates), rates  # spread: neither never nor always met
+    metrics = task.evaluate(["garbage ( ( </ans>", ""], examples[:2])
+    assert metrics["n"] == 2 and 0.0 <= metrics["all_correct"] <= 1.0
+
+
+def test_splits_are_deterministic_and_disjoint():
+    task = get_task("gym-constraints")
+    train, again, held = task.load("train", 50), task.load("train", 50), task.load("eval", 50)
+    assert [e.messages for e in train] == [e.messages for e in again]
+    assert not {e.messages[0]["content"] for e in train} & {e.messages[0]["content"] for e in held}
+    with pytest.raises(ValueError, match="unknown split"):
+        task.load("test")
+    with pytest.raises(TypeError, match="unknown gym-constraints setting"):
+        get_task("gym-constraints", clauses=3)
+
+
+def test_checked_spans_are_the_relevant_words():
+    task = get_task("gym-constraints")
+    ex = _constraints_example([("include", ["owl"]), ("length", [3])])
+    task._verifiers = constraints.verifiers(2)
+    text = "fig owl tan"
+    # the length rule's position is the end-of-turn token, which has no characters
+    assert task.checked_spans(ex, text) == [("c1", "gym-constraints/c1", [(4, 7)])]
