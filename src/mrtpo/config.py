@@ -25,7 +25,8 @@ from typing import Any
 
 import yaml
 
-TASK_NAMES = ("toolcall", "instructions", "sql")
+from mrtpo.tasks import TASK_NAMES
+
 CONFIG_NAME = "config.yaml"
 KEYS_HINT = "the full list: `mrtpo train --list-keys` (or docs/training.md)"
 
@@ -345,11 +346,7 @@ def load_config(
     elif "steps_per_generation" not in explicit:
         trainer_kwargs.pop("generation_batch_size", None)
     try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            args = MRTPOConfig(**trainer_kwargs)
+        args = MRTPOConfig(**trainer_kwargs)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid trainer settings: {exc}") from None
     return RunConfig(run=run, args=args, explicit=explicit)

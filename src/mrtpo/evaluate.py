@@ -39,7 +39,8 @@ from mrtpo.machine import machine_info
 #: calls, one SQL query, an IFEval response of a few paragraphs).
 DEFAULT_MAX_NEW_TOKENS: dict[str, int] = {"toolcall": 256, "sql": 256, "instructions": 512}
 FALLBACK_MAX_NEW_TOKENS = 256
-TASK_NAMES = ("toolcall", "instructions", "sql")
+from mrtpo.tasks import TASK_NAMES
+
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 __all__ = [
@@ -191,12 +192,18 @@ def generate(
     return [g for g in results if g is not None]
 
 
+def default_max_new_tokens(task: Any) -> int:
+    """The task's own ``max_new_tokens`` if it declares one, else this module's default for its name."""
+    return getattr(task, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS.get(getattr(task, "name", ""),
+                                                                              FALLBACK_MAX_NEW_TOKENS)
+
+
 def _evaluate_timed(model, tokenizer, task, examples, batch_size, max_new_tokens, progress):
     """:func:`evaluate_model` plus the seconds spent generating and scoring."""
     from mrtpo.replay import prompt_renderer
 
     if max_new_tokens is None:
-        max_new_tokens = DEFAULT_MAX_NEW_TOKENS.get(getattr(task, "name", ""), FALLBACK_MAX_NEW_TOKENS)
+        max_new_tokens = default_max_new_tokens(task)
     render = prompt_renderer(task, tokenizer)
     prompts = [render(ex) for ex in examples]
     t0 = time.perf_counter()
@@ -523,12 +530,16 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     examples = _load_examples(task, args.task, args.split, args.limit)
     if not examples:
         raise EvalUserError(f"split {args.split!r} of task {args.task!r} has no examples")
-    max_new = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(args.task, FALLBACK_MAX_NEW_TOKENS)
+    max_new = args.max_new_tokens or default_max_new_tokens(task)
 
     import torch
 
     torch.manual_seed(args.seed)
-    model, tokenizer, model_info = load_model(args.model, args.dtype, args.device, args.base_model)
+    if args.model == "gym" and hasattr(task, "policy"):  # a gym task's warm-started tiny policy
+        model, tokenizer = task.policy()
+        model_info = {"spec": "gym", "kind": "gym warm start", "dtype": "float32"}
+    else:
+        model, tokenizer, model_info = load_model(args.model, args.dtype, args.device, args.base_model)
     loaded = time.perf_counter()
     metrics, gens, gen_s, score_s = _evaluate_timed(
         model, tokenizer, task, examples, args.batch_size, max_new, not args.quiet

@@ -26,7 +26,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-TASK_NAMES = ("toolcall", "instructions", "sql")
+from mrtpo.tasks import TASK_NAMES
+
 METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
 
 __all__ = ["explain", "main"]

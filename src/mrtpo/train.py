@@ -173,7 +173,12 @@ def build_trainer(config: RunConfig):
     def rows(exs):
         return Dataset.from_list([{"prompt": ex.messages, "example_id": ex.id} for ex in exs])
 
-    model, tokenizer = load_policy(run.model, dtype=getattr(torch, _DTYPES[run.dtype]))
+    if run.model == "gym":  # a gym task's warm-started tiny policy, built and cached on first use
+        if not hasattr(task, "policy"):
+            raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none (use a gym-* task)")
+        model, tokenizer = task.policy(getattr(torch, _DTYPES[run.dtype]))
+    else:
+        model, tokenizer = load_policy(run.model, dtype=getattr(torch, _DTYPES[run.dtype]))
     peft_config = None
     if run.lora_r > 0:
         from peft import LoraConfig

@@ -12,7 +12,7 @@ from typing import Any
 from mrtpo.machine import machine_info
 
 BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
-                              "learn": "mrtpo.bench.learn", "lift": "mrtpo.bench.lift"}
+                              "learn": "mrtpo.bench.learn", "lift": "mrtpo.bench.lift", "gym": "mrtpo.bench.gym"}
 
 
 def add_sampling_arguments(parser, *, prompts: int, max_new_tokens: int | None, methods: str, dtype: str) -> None:

@@ -105,6 +105,11 @@ class GymTask:
     def verifiers(self) -> list[GymVerifier]:
         return list(self._verifiers)
 
+    @property
+    def max_new_tokens(self) -> int:
+        """Room for the longest answer the family asks for (and a few words of slack)."""
+        return 2 * self.settings.length + 8 if isinstance(self, ConstraintsTask) else 4 * self.settings.num_items + 16
+
     def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
         """Mean of each reward, their sum (``reward_total``) and the share meeting every reward."""
         if len(outputs) != len(examples):

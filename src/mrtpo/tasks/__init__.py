@@ -45,7 +45,13 @@ _BUILTIN_MODULES: dict[str, str] = {
     "toolcall": "mrtpo.tasks.toolcall",
     "instructions": "mrtpo.tasks.instructions",
     "sql": "mrtpo.tasks.sql",
+    "gym-constraints": "mrtpo.gym.task",
+    "gym-answer": "mrtpo.gym.task",
+    "gym-call": "mrtpo.gym.task",
+    "gym-overlap": "mrtpo.gym.task",
 }
+#: Names of the built-in tasks (the real benchmarks, then the credit gym's synthetic families).
+TASK_NAMES: tuple[str, ...] = tuple(_BUILTIN_MODULES)
 
 
 def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
@@ -68,4 +74,4 @@ def get_task(name: str, **kwargs: Any) -> Task:
     return _TASKS[name](**kwargs)
 
 
-__all__ = ["Task", "get_task", "register_task"]
+__all__ = ["TASK_NAMES", "Task", "get_task", "register_task"]
