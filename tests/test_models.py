@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import socket
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -418,7 +420,18 @@ def test_smollm2_from_wheel_converts_and_reloads(tmp_path, monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", no_network)
     cache = tmp_path / "cache"
-    model, tok = load_policy("smollm2-135m", cache_dir=cache)
+    logged = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model, tok = load_policy("smollm2-135m", cache_dir=cache)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    # Dequantised on request: no advice about packed-GGUF kernels or their dtype.
+    assert logged == [] and [str(w.message) for w in caught] == []
     entry = preset_cache_dir("smollm2-135m", cache)
     rec = json.loads((entry / "mrtpo_cache.json").read_text())
     assert rec["sha256"] == PRESETS["smollm2-135m"].sha256

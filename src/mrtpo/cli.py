@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(mrtpo.__version__)
         return 0
+    from mrtpo.warning_filters import filter_dependency_warnings
+
+    filter_dependency_warnings()
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(rest) or 0)
 

@@ -387,11 +387,14 @@ def _load_dir(path: Path, dtype):
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """GGUF file -> bf16 safetensors model + tokenizer folder ``out`` (which must not exist)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     kw = dict(gguf_file=gguf.name, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16, **kw)
+    # Dense weights are what we cache and train: ask for them, rather than let transformers look for
+    # packed-GGUF matmul kernels and warn about dtypes those would use.
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16,
+                                                 quantization_config=GgufConfig(dequantize=True), **kw)
     _strip_quantization(model)
     _finish_tokenizer(tok, model)
     model.config.name_or_path = gguf.stem
