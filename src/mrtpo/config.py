@@ -169,6 +169,9 @@ def _coerce(key: str, value: Any, tp: Any, source: str) -> Any:
         return None
     scalar = [o for o in options if o in (bool, int, float)]
     if not scalar or len(scalar) != len([o for o in options if o is not type(None)]):
+        if isinstance(value, bool) and not scalar and any(o is str or isinstance(o, type) and issubclass(o, str)
+                                                          for o in options):
+            return "yes" if value else "no"  # YAML reads `save_strategy: no` as false; the setting means "no"
         return value  # str, lists, dicts, enums, mixed unions: validated by the config itself
     if bool in scalar:
         if isinstance(value, bool):

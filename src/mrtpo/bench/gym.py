@@ -12,6 +12,10 @@ token of a length rule). Two numbers per (reward, method), over completions:
 - **rank correlation**: Spearman's ρ between the weights and the 0/1 relevance indicator (0 =
   unrelated; undefined when the weights or the indicator are constant, e.g. uniform weights).
 
+It also says whether the policy *conditions* on each reward's evidence (what the replays read): the
+reward's rate over a group sampled with the evidence (the prompt, or the prompt plus the privileged
+reference) against a group sampled without it, and the share of groups where the reward has spread.
+
     mrtpo bench gym --task gym-constraints --prompts 32 --group-size 8
     mrtpo bench gym --task gym-answer --methods mrtpo,contrast,entropy --lam 0.5
 
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     def ids_of(text: str) -> list[int]:
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
-    rows = []
+    rows, conditioning = [], defaultdict(lambda: {"with": [], "without": [], "spread": []})
     for ex in tqdm(task.load("train", args.prompts), desc=f"precision · {args.task}", unit="prompt"):
         comps, lengths = sample_group(model, tok, ids_of(render(ex)), args.group_size, max_new)
         texts = [tok.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
@@ -149,6 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         relevance = torch.zeros(g, len(names), t)
         for c, name in enumerate(present):
             relevance[:, names.index(name)] = result.maps[c]
+            k = names.index(name)
+            other, other_n = sample_group(model, tok, contexts[1 + c], args.group_size, max_new)
+            other_rate = sum(float(verifiers[k](tok.decode(o[:n].tolist(), skip_special_tokens=True), ex) or 0.0)
+                             for o, n in zip(other, other_n.tolist())) / args.group_size
+            base_rate = float(torch.nan_to_num(rewards[:, k]).mean())
+            with_ev, without_ev = (base_rate, other_rate) if placements[c] == "in_prompt" else (other_rate, base_rate)
+            conditioning[name]["with"].append(with_ev)
+            conditioning[name]["without"].append(without_ev)
+        for k, name in enumerate(names):
+            conditioning[name]["spread"].append(float(torch.nan_to_num(rewards[:, k]).std() > 0))
         batch = CreditBatch(rewards, g, mask, relevance=relevance,
                             has_evidence=torch.tensor([e is not None for e in evidences]),
                             joint_relevance=result.maps[len(present)], entropy=result.entropy)
@@ -160,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
                              **r, "text": text})
 
     summary = summarise(rows, methods)
+    evidence_table = {name: {key: sum(v) / len(v) if v else None for key, v in c.items()}
+                      for name, c in sorted(conditioning.items())}
+    print("\ndoes the policy condition on the evidence? mean reward sampled with / without it; groups with spread")
+    for name, c in evidence_table.items():
+        with_ev = "—" if c["with"] is None else f"{c['with']:.2f}"
+        without_ev = "—" if c["without"] is None else f"{c['without']:.2f}"
+        print(f"  {name:<12} with {with_ev}  without {without_ev}  spread {c['spread']:.2f}")
     header = f"{'reward':<12} {'n':>4} {'share':>6} " + " ".join(f"{m:>24}" for m in methods)
     print(f"\nprecision lift (weight share on the ground-truth positions / their token share; 1 = uniform), "
           f"mean ± std [Spearman ρ]\n{header}\n{'-' * len(header)}")
@@ -172,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{s['reward']:<12} {s['n']:>4} {s['relevant_share']:>6.2f} " + " ".join(f"{c:>24}" for c in cells))
     out = args.out or Path("runs/bench") / f"gym-precision-{args.task}.json"
     write_record(out, "credit precision against the gym's ground truth", "mrtpo bench gym " + " ".join(argv or []),
-                 rows, summary=summary, settings={k: str(v) for k, v in vars(args).items()}, task=task.cache_key())
+                 rows, summary=summary, conditioning=evidence_table, settings={k: str(v) for k, v in vars(args).items()}, task=task.cache_key())
     return 0
 
 

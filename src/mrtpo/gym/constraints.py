@@ -1,6 +1,6 @@
 """Constraints family (the instruction-following shape): a topic plus K clauses, one {0,1} reward each.
 
-Prompt: ``topic : fox rice paris . rules : include owl . avoid rice . start with gold . length 12 .``
+Prompt: ``topic : fox rice paris . about 12 words . rules : include owl . avoid rice . start with gold . length 12 .``
 Each clause is one reward slot (``c1`` .. ``cK``, clauses in random order); its evidence is the
 clause sentence, in the prompt. The clauses of one prompt use distinct words, so a response can
 satisfy some and fail others at different places (relevant positions disjoint).
@@ -92,6 +92,11 @@ def relevant_positions(kind: str, args: list, words: Words) -> list[int]:
     raise ValueError(f"unknown clause kind {kind!r}")
 
 
+def _topic_text(topic: list[str], length: int) -> str:
+    """The base task: the topic words and the typical length (a ``length`` clause then asks for exactly N)."""
+    return f"topic : {' '.join(topic)} . about {length} words ."
+
+
 def make_example(rng: random.Random, example_id: str, split: str, *, num_clauses: int, length: int,
                  kinds: tuple[str, ...] = KINDS, overlap: bool = False) -> Example:
     """One prompt: a 3-word topic and ``num_clauses`` clauses of distinct kinds over distinct words.
@@ -121,7 +126,7 @@ def make_example(rng: random.Random, example_id: str, split: str, *, num_clauses
             clauses.append({"kind": kind, "args": args})
     for c in clauses:
         c["text"] = clause_text(c["kind"], c["args"])
-    messages = user_prompt(f"topic : {' '.join(topic)} .", "rules :", *(c["text"] for c in clauses))
+    messages = user_prompt(_topic_text(topic, length), "rules :", *(c["text"] for c in clauses))
     return Example(id=example_id, split=split, messages=messages,
                    gold={"topic": topic, "clauses": clauses, "length": length})
 
@@ -230,7 +235,7 @@ def without_clauses(example: Example, hidden: list[bool]) -> list[dict[str, Any]
     """The prompt's messages with the ``hidden`` clauses removed (warm-start prompts like a replay's)."""
     gold = example.gold
     kept = [c["text"] for c, h in zip(gold["clauses"], hidden) if not h]
-    return user_prompt(f"topic : {' '.join(gold['topic'])} .", "rules :", *kept)
+    return user_prompt(_topic_text(gold["topic"], gold["length"]), "rules :", *kept)
 
 
 __all__ = ["KINDS", "clause_text", "demonstrate", "make_example", "relevant_positions", "satisfied",

@@ -29,7 +29,7 @@ import torch
 from mrtpo.gym.vocab import gym_tokenizer
 
 #: Bump when the demonstrations or the training recipe change, so stale caches are not reused.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class PolicySpec:
     """MLP width"""
     seed: int = 0
     """initialisation and demonstration seed"""
-    steps: int = 600
-    """warm-start optimizer steps"""
+    steps: int = 1000
+    """warm-start optimizer steps (each family sets its own: GymTask.warm_start_steps)"""
     batch_size: int = 32
     """demonstrations per warm-start step"""
     learning_rate: float = 3e-3
@@ -127,6 +127,11 @@ def warm_start(task, spec: PolicySpec, out: Path, log=print) -> dict[str, Any]:
     return record
 
 
+def policy_spec(task) -> PolicySpec:
+    """The task's :class:`PolicySpec`: its family's warm-start length, then its ``policy`` settings."""
+    return PolicySpec(**{"steps": task.warm_start_steps, **task.settings.policy})
+
+
 def warm_start_dir(task, spec: PolicySpec, cache_dir: str | Path | None = None) -> Path:
     """Cache folder of a task's warm start: ``<model cache>/gym/<task>-<hash of settings and spec>``."""
     from mrtpo.models import cache_root
@@ -138,7 +143,7 @@ def warm_start_dir(task, spec: PolicySpec, cache_dir: str | Path | None = None) 
 
 def ensure_warm_start(task, cache_dir: str | Path | None = None, log=print) -> Path:
     """The task's warm-start folder, built on first use (one builder at a time, by a file lock)."""
-    spec = PolicySpec(**task.settings.policy)
+    spec = policy_spec(task)
     entry = warm_start_dir(task, spec, cache_dir)
     if (entry / "gym_warm_start.json").exists():
         return entry
@@ -173,4 +178,4 @@ def load_warm_start(task, dtype: torch.dtype | None = None, cache_dir: str | Pat
 
 
 __all__ = ["RECIPE_VERSION", "PolicySpec", "build_model", "demonstration_batch", "ensure_warm_start",
-           "load_warm_start", "warm_start", "warm_start_dir"]
+           "load_warm_start", "policy_spec", "warm_start", "warm_start_dir"]

@@ -45,7 +45,7 @@ class GymSettings:
     """constraints: clauses (= rewards) per prompt"""
     length: int = 16
     """constraints: typical response length in words"""
-    num_items: int = 5
+    num_items: int = 3
     """answer: items per prompt"""
     privileged_header: str = DEFAULT_PRIVILEGED_HEADER
     """header of the reference block the warm start shows (the trainer's privileged_header)"""
@@ -58,6 +58,8 @@ class GymTask:
 
     name = "gym"
     heldout_metrics = HELDOUT_METRICS
+    #: warm-start optimizer steps of the family's tiny policy (copying items takes longer than a wrapper)
+    warm_start_steps = 1000
     splits = SPLITS
 
     def __init__(self, **settings: Any) -> None:
@@ -162,6 +164,7 @@ class ConstraintsTask(GymTask):
 
     name = "gym-constraints"
     overlap = False
+    warm_start_steps = 2000
 
     def _make_verifiers(self) -> list[GymVerifier]:
         return constraints.verifiers(self.settings.num_clauses, overlap=self.overlap)
@@ -205,6 +208,7 @@ class AnswerTask(GymTask):
     """Transform the items (copy / reverse / keep a category) inside ``<ans> </ans>``: format, valid, result."""
 
     name = "gym-answer"
+    warm_start_steps = 2000
 
     def _make_verifiers(self):
         return answer.verifiers()

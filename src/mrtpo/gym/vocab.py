@@ -26,7 +26,7 @@ NUMBERS: tuple[str, ...] = tuple(str(i) for i in range(MAX_NUMBER + 1))
 SYNTAX: tuple[str, ...] = (
     "user", "assistant", "system", ":", ".", ",", "(", ")", "=", ";", "[", "]",
     "topic", "rules", "include", "avoid", "start", "end", "with", "before", "exactly", "times", "length",
-    "words", "at", "least", "twice", "items", "op", "reverse", "sort", "keep", "copy", "answer", "inside",
+    "words", "about", "at", "least", "twice", "items", "op", "reverse", "sort", "keep", "copy", "answer", "inside",
     "<ans>", "</ans>", "tools", "request", "call", "set", "<call>", "</call>", "format", "wrap", "only",
     *DEFAULT_PRIVILEGED_HEADER.split(),
     # function and argument names of the call family

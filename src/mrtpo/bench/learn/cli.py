@@ -58,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="evaluate step 0 in every run (default: once per benchmark, copied to the other runs, "
                         "since every run starts from the same policy)")
     p.add_argument("--out", help="benchmark folder (default runs/bench/learn-<task>)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at once, each in its own single-thread process (default 1: one after "
+                        "another in this process). Small models (the gym) are fastest with one process per core")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # "k/N": train every N-th unfinished run from the k-th
     p.add_argument("--compare-only", action="store_true", help="only rebuild the comparison from finished runs")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their status, train nothing")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="training settings for every run")
@@ -147,6 +151,29 @@ def _print_summary(result: dict[str, Any], settings: dict[str, Any]) -> None:
         print(f"  {method:<9} " + " | ".join(parts))
 
 
+def _run_workers(argv: list[str], jobs: int) -> None:
+    """Train the unfinished runs in ``jobs`` worker processes of one thread each (``--worker k/N``)."""
+    import os
+    import subprocess
+
+    rest, skip = [], False
+    for a in argv:  # the same command without --jobs
+        if skip:
+            skip = False
+        elif a == "--jobs":
+            skip = True
+        elif not a.startswith("--jobs="):
+            rest.append(a)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    print(f"training in {jobs} worker processes (one thread each)", flush=True)
+    workers = [subprocess.Popen([sys.executable, "-m", "mrtpo.cli", "bench", "learn", *rest, "--worker", f"{k}/{jobs}"],
+                                env=env) for k in range(jobs)]
+    failed = [k for k, w in enumerate(workers) if w.wait() != 0]
+    if failed:
+        raise BenchError(f"worker(s) {failed} failed (their output is above); finished runs are kept, "
+                         "run the same command again to train the rest")
+
+
 def _main(ns, argv: list[str]) -> int:
     from mrtpo.credit import available_methods
     from mrtpo.models import ModelLoadError
@@ -190,6 +217,12 @@ def _main(ns, argv: list[str]) -> int:
                                                     "configs": ns.config, "overrides": overrides, "bench": settings},
                                                    indent=1, default=str) + "\n")
         todo = [key for key, st in status.items() if st != "finished"]
+        if ns.jobs > 1 and len(todo) > 1:
+            _run_workers(argv, min(ns.jobs, len(todo)))
+            todo = []
+        elif ns.worker:
+            k, n = (int(x) for x in ns.worker.split("/"))
+            todo = todo[k::n]
         for i, (method, seed) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {method} seed {seed} -> {run_dir(out, method, seed)}", flush=True)
             try:
@@ -198,7 +231,10 @@ def _main(ns, argv: list[str]) -> int:
                 raise BenchError(str(exc)) from None
             print(f"[{i}/{len(todo)}] {method} seed {seed}: {info['steps']} steps, train {info['train_s']:.0f} s, "
                   f"eval {info['eval_s']:.0f} s", flush=True)
-            compare()
+            if not ns.worker:  # workers leave the comparison to their parent
+                compare()
+    if ns.worker:
+        return 0
     _print_summary(compare(), settings)
     print(f"comparison: {out / 'comparison.md'}, {out / 'comparison.json'}, rewards.png, length.png, heldout.png")
     return 0

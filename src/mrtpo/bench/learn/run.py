@@ -13,6 +13,7 @@ import datetime as _dt
 import gc
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -102,9 +103,11 @@ def _eval_callback_class():
             }
             outputs = [{"step": step, **{k: v for k, v in g.record().items() if k != "prompt"}} for g in gens]
             self._write(record, outputs)
-            if step == 0 and self.start_cache is not None:
-                self.start_cache.write_text(json.dumps({"signature": self.signature, "run": self.folder.name,
-                                                        "record": record, "outputs": outputs}) + "\n")
+            if step == 0 and self.start_cache is not None:  # written whole, then renamed: parallel runs read it
+                tmp = self.start_cache.with_name(f".{self.start_cache.name}.{os.getpid()}")
+                tmp.write_text(json.dumps({"signature": self.signature, "run": self.folder.name,
+                                           "record": record, "outputs": outputs}) + "\n")
+                tmp.replace(self.start_cache)
             return record
 
         def on_train_begin(self, args, state, control, **kwargs):

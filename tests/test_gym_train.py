@@ -1,0 +1,101 @@
+"""The gym end to end: its warm start, ``mrtpo train`` on a gym task, ``mrtpo bench gym`` precision and
+``mrtpo bench learn --preset gym --jobs 2``. A very short warm start (a few steps, in a temporary model
+cache) keeps every test well under a minute."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mrtpo.gym.task  # noqa: F401  (registers the gym tasks)
+from mrtpo.bench.gym import completion_precision, rank_correlation
+from mrtpo.gym.policy import ensure_warm_start, policy_spec, warm_start_dir
+from mrtpo.tasks import get_task
+
+TINY_POLICY = "{steps: 3, batch_size: 8}"
+TINY = f"{{policy: {TINY_POLICY}}}"
+
+
+@pytest.fixture(scope="module")
+def gym_env(tmp_path_factory):
+    """Environment of a subprocess using a temporary model cache (warm starts built there)."""
+    cache = tmp_path_factory.mktemp("gym-cache")
+    return {**os.environ, "MRTPO_CACHE": str(cache), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _mrtpo(args, env, cwd):
+    return subprocess.run([sys.executable, "-m", "mrtpo.cli", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_rank_correlation_and_precision_by_hand():
+    assert rank_correlation(torch.tensor([3.0, 1, 1, 1]), torch.tensor([True, False, False, False])) == pytest.approx(1.0)
+    # ranks (1, 2, 3, 4) against (2, 2, 2, 4): 3 / sqrt(5 * 3)
+    assert rank_correlation(torch.tensor([1.0, 2, 3, 4]), torch.tensor([False, False, False, True])) == \
+        pytest.approx(3 / 15 ** 0.5)
+    assert rank_correlation(torch.ones(4), torch.tensor([True, False, False, False])) is None  # uniform weights
+    rows = completion_precision({"m": torch.tensor([[2.0, 1, 1, 0, 9]])}, ["r"], {"r": [0]}, length=4)
+    assert rows[0]["lift"]["m"] == pytest.approx((2 / 4) / (1 / 4)) and rows[0]["relevant"] == 1
+    assert completion_precision({"m": torch.ones(1, 4)}, ["r"], {"r": []}, length=4) == []  # no ground truth
+
+
+def test_warm_start_is_cached_by_its_settings(tmp_path):
+    task = get_task("gym-call", policy={"steps": 2, "batch_size": 4})
+    first = ensure_warm_start(task, cache_dir=tmp_path, log=lambda *_: None)
+    record = json.loads((first / "gym_warm_start.json").read_text())
+    assert record["spec"]["steps"] == 2 and record["task"]["task"] == "gym-call"
+    assert ensure_warm_start(task, cache_dir=tmp_path, log=lambda *_: None) == first  # reused, not rebuilt
+    other = get_task("gym-call", p_follow=0.7, policy={"steps": 2, "batch_size": 4})
+    assert warm_start_dir(other, policy_spec(other), tmp_path) != first
+    # the constraints warm start serves every clause count and length (it is trained on a mixture)
+    a, b = get_task("gym-constraints", num_clauses=2), get_task("gym-constraints", num_clauses=5, length=32)
+    assert warm_start_dir(a, policy_spec(a), tmp_path) == warm_start_dir(b, policy_spec(b), tmp_path)
+
+
+def test_gym_trains_through_the_cli_and_its_rewards_rescore(gym_env, tmp_path):
+    out = tmp_path / "run"
+    r = _mrtpo(["train", "--task", "gym-constraints", "--model", "gym", "--output-dir", str(out), f"task_args={TINY}",
+                "max_steps=2", "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=24",
+                "credit_samples=8", "report=false", "save_strategy=no"], gym_env, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "rewards/c1/mean" in s] == [1, 2]
+    task = get_task("gym-constraints")
+    examples = {e.id: e for e in task.load("train")}
+    samples = [json.loads(line) for line in (out / "credit_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 16
+    for s in samples:  # the trainer's rewards are the verifiers' scores of the decoded tokens
+        words = [t for t in s["tokens"] if t not in ("<|im_end|>", "<|endoftext|>")]
+        ex = examples[s["example_id"]]
+        assert s["rewards"] == {v.name: v(" ".join(words), ex) for v in task.verifiers()}
+        truth = task.relevant_positions(ex, words)
+        assert all(0 <= p <= len(words) for positions in truth.values() for p in positions)
+
+
+def test_bench_gym_precision_runs_and_uniform_methods_give_lift_one(gym_env, tmp_path):
+    out = tmp_path / "precision.json"
+    r = _mrtpo(["bench", "gym", "--task", "gym-answer", "--task-arg", f"policy={TINY_POLICY}", "--prompts", "2",
+                "--group-size", "4", "--out", str(out)], gym_env, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert {s["reward"] for s in record["summary"]} <= {"format", "valid", "result"} and record["rows"]
+    assert all(row["lift"]["gdpo"] == pytest.approx(1.0) for row in record["rows"])
+    assert set(record["conditioning"]) == {"format", "valid", "result"}
+
+
+def test_bench_learn_gym_preset_with_two_workers(gym_env, tmp_path):
+    out = tmp_path / "bench"
+    r = _mrtpo(["bench", "learn", "--task", "gym-call", "--preset", "gym", "--methods", "gdpo,mrtpo", "--seeds", "0",
+                "--max-steps", "2", "--eval-every", "2", "--eval-size", "4", "--jobs", "2", "--out", str(out),
+                f"task_args={TINY}", "per_device_train_batch_size=8"], gym_env, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "training in 2 worker processes" in r.stdout
+    for method in ("gdpo", "mrtpo"):
+        assert (out / f"{method}-seed0" / "finished.json").is_file()
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert set(comparison["methods"]) == {"gdpo", "mrtpo"} and comparison["heldout_metrics"][0] == "reward_total"
