@@ -38,3 +38,16 @@ def test_preset_with_an_unknown_bench_key_is_refused(tmp_path):
         read_preset(bad, "sql")
 
 
+
+
+def test_method_settings_let_only_their_keys_differ(tmp_path):
+    from mrtpo.bench.learn.plan import BenchError, plan_configs
+
+    plans = plan_configs("gym-call", ["gdpo", "mrtpo"], [0], {"model": "gym"}, "preset", [], {"max_steps": 3},
+                         tmp_path, {"mrtpo": {"learning_rate": 3e-4}})
+    assert plans[("mrtpo", 0)].args.learning_rate == 3e-4
+    assert plans[("gdpo", 0)].args.learning_rate != 3e-4 and plans[("gdpo", 0)].args.max_steps == 3
+    with pytest.raises(BenchError, match="not benchmarked"):
+        plan_configs("gym-call", ["gdpo"], [0], {}, "preset", [], {}, tmp_path, {"mrtpo": {"learning_rate": 1e-4}})
+    with pytest.raises(BenchError, match="set by the benchmark"):
+        plan_configs("gym-call", ["gdpo"], [0], {}, "preset", [], {}, tmp_path, {"gdpo": {"seed": 3}})

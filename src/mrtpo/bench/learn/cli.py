@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="evaluate step 0 in every run (default: once per benchmark, copied to the other runs, "
                         "since every run starts from the same policy)")
     p.add_argument("--out", help="benchmark folder (default runs/bench/learn-<task>)")
+    p.add_argument("--method-setting", action="append", default=[], metavar="METHOD:key=value",
+                   help="a setting for one method only, e.g. mrtpo:learning_rate=3e-4 (each method at its own "
+                        "best learning rate); repeatable")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at once, each in its own single-thread process (default 1: one after "
                         "another in this process). Small models (the gym) are fastest with one process per core")
@@ -194,8 +197,21 @@ def _main(ns, argv: list[str]) -> int:
     if ns.max_steps is not None:
         overrides["max_steps"] = ns.max_steps
     out = Path(ns.out or Path("runs") / "bench" / f"learn-{ns.task}")
-    plans = plan_configs(ns.task, methods, seeds, preset_train, str(preset), ns.config, overrides, out)
+    method_settings: dict[str, dict[str, Any]] = {}
+    for item in ns.method_setting:
+        method, sep, setting = item.partition(":")
+        if not sep or "=" not in setting:
+            raise BenchError(f"--method-setting takes METHOD:key=value, got {item!r}")
+        try:
+            method_settings.setdefault(method.strip(), {}).update(parse_overrides([setting]))
+        except ConfigError as exc:
+            raise BenchError(str(exc)) from None
+    plans = plan_configs(ns.task, methods, seeds, preset_train, str(preset), ns.config, overrides, out,
+                         method_settings)
     header = _header(argv, preset, next(iter(plans.values())), settings)
+    if method_settings:
+        header["settings"] += "; per method: " + "; ".join(
+            f"{m} " + ", ".join(f"{k}={v}" for k, v in s.items()) for m, s in method_settings.items())
     if ns.compare_only and (out / "bench.json").is_file():  # keep the command that trained the runs
         saved = json.loads((out / "bench.json").read_text())
         header.update({k: saved[k] for k in header if k in saved})

@@ -112,12 +112,22 @@ def settings_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 
 def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset_train: dict[str, Any],
-                 preset_source: str, configs: Sequence[str], overrides: dict[str, Any], out: Path):
-    """``{(method, seed): RunConfig}``, built from one base; checks that only method/seed/folder differ."""
+                 preset_source: str, configs: Sequence[str], overrides: dict[str, Any], out: Path,
+                 method_settings: Mapping[str, dict[str, Any]] | None = None):
+    """``{(method, seed): RunConfig}``, built from one base; checks that only method/seed/folder differ.
+
+    ``method_settings`` (``{method: {key: value}}``) gives one method its own value of a setting, e.g.
+    its best learning rate from a sweep; those keys may then differ between methods, nothing else.
+    """
+    method_settings = dict(method_settings or {})
+    unknown = sorted(set(method_settings) - set(methods))
+    if unknown:
+        raise BenchError(f"settings given for method(s) {', '.join(unknown)} that are not benchmarked ({', '.join(methods)})")
+    varying = {key for settings in method_settings.values() for key in settings}
     from mrtpo.config import ConfigError, load_config
 
     for key in CONTROLLED_KEYS:
-        if key in overrides:
+        if key in overrides or key in varying:
             raise BenchError(f"{key} is set by the benchmark (use --task/--methods/--seeds/--out), not as {key}=...")
     for path in configs:
         if not Path(path).is_file():
@@ -131,14 +141,15 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
     plans = {}
     for seed in seeds:
         for method in methods:
-            per_run = {**overrides, "method": method, "seed": seed, "output_dir": str(run_dir(out, method, seed))}
+            per_run = {**overrides, **method_settings.get(method, {}), "method": method, "seed": seed,
+                       "output_dir": str(run_dir(out, method, seed))}
             try:
                 plans[(method, seed)] = load_config(list(configs), per_run, base=base, base_source=preset_source)
             except ConfigError as exc:
                 raise BenchError(str(exc)) from None
     first = None
     for key, config in plans.items():
-        settings = stable_settings(config)
+        settings = {k: v for k, v in stable_settings(config).items() if k not in varying}
         if first is None:
             first = (key, settings)
         elif settings != first[1]:  # pragma: no cover  (load_config is deterministic; a guard)
