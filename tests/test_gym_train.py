@@ -88,14 +88,33 @@ def test_bench_gym_precision_runs_and_uniform_methods_give_lift_one(gym_env, tmp
     assert set(record["conditioning"]) == {"format", "valid", "result"}
 
 
-def test_bench_learn_gym_preset_with_two_workers(gym_env, tmp_path):
+PLUGIN = """
+import torch
+from mrtpo.credit import register_method
+from mrtpo.credit.advantages import gdpo_advantages
+
+@register_method("firsthalf", needs="none", description="GDPO's advantage on the first half of each response")
+def firsthalf(batch, config):
+    adv = gdpo_advantages(batch.rewards, batch.group_size, config.reward_weights, config.batch_norm)
+    adv = adv if batch.rows is None else adv[batch.rows]
+    mask = batch.mask.float()
+    first = (torch.arange(mask.shape[1]) < (mask.sum(1, keepdim=True) / 2).ceil()).float() * mask
+    return adv.unsqueeze(1) * first * mask.sum(1, keepdim=True) / first.sum(1, keepdim=True).clamp_min(1)
+"""
+
+
+def test_a_plugin_method_runs_on_the_gym_preset_in_two_workers(gym_env, tmp_path):
+    (tmp_path / "my_credit.py").write_text(PLUGIN)
+    env = {**gym_env, "MRTPO_PLUGINS": "my_credit", "PYTHONPATH": str(tmp_path)}
     out = tmp_path / "bench"
-    r = _mrtpo(["bench", "learn", "--task", "gym-call", "--preset", "gym", "--methods", "gdpo,mrtpo", "--seeds", "0",
-                "--max-steps", "2", "--eval-every", "2", "--eval-size", "4", "--jobs", "2", "--out", str(out),
-                f"task_args={TINY}", "per_device_train_batch_size=8"], gym_env, tmp_path)
+    r = _mrtpo(["bench", "learn", "--task", "gym-call", "--preset", "gym", "--methods", "gdpo,firsthalf", "--seeds",
+                "0", "--max-steps", "2", "--eval-every", "2", "--eval-size", "4", "--jobs", "2", "--out", str(out),
+                f"task_args={TINY}", "per_device_train_batch_size=8"], env, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "training in 2 worker processes" in r.stdout
-    for method in ("gdpo", "mrtpo"):
+    for method in ("gdpo", "firsthalf"):
         assert (out / f"{method}-seed0" / "finished.json").is_file()
     comparison = json.loads((out / "comparison.json").read_text())
-    assert set(comparison["methods"]) == {"gdpo", "mrtpo"} and comparison["heldout_metrics"][0] == "reward_total"
+    assert set(comparison["methods"]) == {"gdpo", "firsthalf"} and comparison["heldout_metrics"][0] == "reward_total"
+    bad = _mrtpo(["bench", "learn", "--task", "gym-call", "--dry-run"], {**env, "MRTPO_PLUGINS": "no_such_module"}, tmp_path)
+    assert bad.returncode != 0 and "MRTPO_PLUGINS names 'no_such_module'" in bad.stderr

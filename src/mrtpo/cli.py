@@ -31,6 +31,19 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def import_plugins() -> None:
+    """Import the modules named in ``MRTPO_PLUGINS`` (comma-separated), e.g. ones that register a
+    credit method or a task, so every command (and every ``bench learn --jobs`` worker) knows them."""
+    import os
+
+    for name in filter(None, (n.strip() for n in os.environ.get("MRTPO_PLUGINS", "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise SystemExit(f"mrtpo: MRTPO_PLUGINS names {name!r}, which does not import ({exc}); "
+                             "put its folder on PYTHONPATH or fix the name") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -48,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.warning_filters import filter_dependency_warnings
 
     filter_dependency_warnings()
+    import_plugins()
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(rest) or 0)
 

@@ -87,11 +87,12 @@ def completion_precision(weights: dict[str, torch.Tensor], names: list[str], tru
     return rows
 
 
-def summarise(rows: list[dict], methods: list[str]) -> list[dict]:
-    """Per reward: count, relevant share, lift statistics and mean ρ per method."""
+def summarise(rows: list[dict], methods: list[str], by: str = "reward") -> list[dict]:
+    """Per reward (or per ``by`` key of the rows, e.g. the clause ``kind``): count, relevant share, lift
+    statistics and mean ρ per method."""
     by_reward = defaultdict(list)
     for r in rows:
-        by_reward[r["reward"]].append(r)
+        by_reward[r[by]].append(r)
     out = []
     for reward, items in sorted(by_reward.items()):
         rho = {}
@@ -171,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             truth = task.relevant_positions(ex, text.split())
             for r in completion_precision({m: w[i] for m, w in weights.items()}, names, truth, int(lengths[i])):
                 rows.append({"example": ex.id, "completion": i, "reward_value": float(rewards[i, names.index(r["reward"])]),
-                             **r, "text": text})
+                             "kind": task.reward_kind(ex, r["reward"]), **r, "text": text})
 
     summary = summarise(rows, methods)
+    by_kind = summarise(rows, methods, by="kind")
     evidence_table = {name: {key: sum(v) / len(v) if v else None for key, v in c.items()}
                       for name, c in sorted(conditioning.items())}
     print("\ndoes the policy condition on the evidence? mean reward sampled with / without it; groups with spread")
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'reward':<12} {'n':>4} {'share':>6} " + " ".join(f"{m:>24}" for m in methods)
     print(f"\nprecision lift (weight share on the ground-truth positions / their token share; 1 = uniform), "
           f"mean ± std [Spearman ρ]\n{header}\n{'-' * len(header)}")
-    for s in summary:
+    for s in summary + ([] if [s["reward"] for s in by_kind] == [s["reward"] for s in summary] else by_kind):
         cells = []
         for m in methods:
             st, rho = s["lift"][m], s["rho"][m]["mean"]
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{s['reward']:<12} {s['n']:>4} {s['relevant_share']:>6.2f} " + " ".join(f"{c:>24}" for c in cells))
     out = args.out or Path("runs/bench") / f"gym-precision-{args.task}.json"
     write_record(out, "credit precision against the gym's ground truth", "mrtpo bench gym " + " ".join(argv or []),
-                 rows, summary=summary, conditioning=evidence_table, settings={k: str(v) for k, v in vars(args).items()}, task=task.cache_key())
+                 rows, summary=summary, by_kind=by_kind, conditioning=evidence_table, settings={k: str(v) for k, v in vars(args).items()}, task=task.cache_key())
     return 0
 
 

@@ -129,6 +129,10 @@ class GymTask:
         """Each reward's ground-truth relevant token positions in a response (``len(words)``: end of turn)."""
         return {v.name: v.positions(words, example) for v in self._verifiers}
 
+    def reward_kind(self, example: Example, name: str) -> str:
+        """What reward ``name`` checks in ``example`` (constraints: the clause kind; else the name)."""
+        return name
+
     def may_have_checked_spans(self, example: Example) -> bool:
         return True
 
@@ -175,6 +179,11 @@ class ConstraintsTask(GymTask):
         key.pop("num_clauses")
         key.pop("length")
         return key
+
+    def reward_kind(self, example, name):
+        if self.overlap:
+            return name
+        return example.gold["clauses"][int(name[1:]) - 1]["kind"]
 
     def warm_example(self, rng):
         """A prompt with 1..6 clauses and a typical length of 8, 16 or 32 words (the sweeps' range)."""

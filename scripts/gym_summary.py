@@ -1,0 +1,199 @@
+"""Tables and plots of the credit gym comparison (scripts/gym_compare.sh writes the runs it reads).
+
+    python scripts/gym_summary.py pick-lr runs/gym 1e-4 3e-4 1e-3   # each method's best rate -> lr.json
+    python scripts/gym_summary.py summary runs/gym                   # summary.md, gap-*.png
+
+The learning-rate choice uses the sweep's own seeds (never the comparison's): a method's best rate is
+the one with the highest final total reward (mean of the last steps, over the sweep's seeds).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mrtpo.bench.learn.stats import paired_comparison
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _final(comparison: dict, method: str, key: str = "reward") -> dict | None:
+    summary = comparison["summary"].get(method)
+    return summary["final"].get(key) if summary and summary.get("seeds") else None
+
+
+def _per_seed_final(comparison: dict, method: str, key: str = "reward") -> dict:
+    return {r["seed"]: r["final"][key] for r in comparison["runs"]
+            if r["method"] == method and r.get("final", {}).get(key) is not None}
+
+
+def pick_lr(out: Path, rates: list[str]) -> dict:
+    table: dict[str, dict[str, float]] = {}
+    for rate in rates:
+        comparison = _load(out / f"lr-{rate}" / "comparison.json")
+        if comparison is None:
+            continue
+        for method in comparison["methods"]:
+            final = _final(comparison, method)
+            if final is not None:
+                table.setdefault(method, {})[rate] = final["mean"]
+    best = {m: float(max(values, key=values.get)) for m, values in table.items()}
+    record = {"rule": "highest final total reward on the sweep's seeds", "table": table, "best": best}
+    (out / "lr.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1))
+    return record
+
+
+def _fmt(stats: dict | None) -> str:
+    if not stats or stats.get("mean") is None:
+        return "—"
+    ci = stats.get("ci95")
+    return f"{stats['mean']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and None not in ci else f"{stats['mean']:.3f}"
+
+
+def _gap(comparison: dict, method: str = "mrtpo", reference: str = "gdpo", key: str = "reward") -> dict:
+    return paired_comparison(_per_seed_final(comparison, method, key), _per_seed_final(comparison, reference, key))
+
+
+def _gap_text(gap: dict) -> str:
+    if gap.get("mean_difference") is None:
+        return "—"
+    ci = gap.get("ci95") or [None, None]
+    p = gap.get("p_value")
+    ci_text = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if None not in ci else ""
+    return f"{gap['mean_difference']:+.3f}{ci_text}, p = {p:.2f}" if p is not None else f"{gap['mean_difference']:+.3f}{ci_text}"
+
+
+def _learning_table(comparison: dict, title: str) -> list[str]:
+    methods = comparison["methods"]
+    rewards = comparison.get("rewards", [])
+    lines = [f"### {title}", "", comparison["header"].get("settings", ""), "",
+             "| method | seeds | final total reward [95% CI] | " + " | ".join(rewards) +
+             " | held-out reward_total (end) | held-out all_correct (end) | − gdpo, paired over seeds [95% CI], p |",
+             "|---|---:|---:|" + "---:|" * len(rewards) + "---:|---:|---:|"]
+    for m in methods:
+        s = comparison["summary"].get(m) or {}
+        if not s.get("seeds"):
+            continue
+        per_reward = [_fmt(s["final"].get(f"rewards/{r}/mean")) for r in rewards]
+        held = s.get("heldout", {})
+        end_total = _fmt((held.get("reward_total") or {}).get("end"))
+        end_all = _fmt((held.get("all_correct") or {}).get("end"))
+        gap = _gap_text(_gap(comparison, m)) if m != "gdpo" else "(reference)"
+        lines.append(f"| {m} | {len(s['seeds'])} | {_fmt(s['final']['reward'])} | " + " | ".join(per_reward) +
+                     f" | {end_total} | {end_all} | {gap} |")
+    return lines + [""]
+
+
+def _precision_table(out: Path) -> list[str]:
+    lines = ["### Credit precision against ground truth (warm-started policy, before learning)", "",
+             "Lift = share of a reward's weight on its ground-truth relevant tokens ÷ their share of tokens "
+             "(1 = uniform = GRPO/GDPO); ρ = Spearman correlation of the weights with the relevance indicator. "
+             "Conditioning: reward rate sampled with / without the evidence.", "",
+             "| task | reward | n | relevant share | mrtpo lift [ρ] | contrast lift [ρ] | entropy lift [ρ] | "
+             "with / without evidence | groups with spread |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for path in sorted(out.glob("precision-*.json")):
+        record = json.loads(path.read_text())
+        task = path.stem.removeprefix("precision-")
+        by_kind = record.get("by_kind", [])
+        if [s["reward"] for s in by_kind] == [s["reward"] for s in record["summary"]]:
+            by_kind = []  # the kinds are the rewards themselves
+        for s in record["summary"] + [{**s, "reward": f"kind: {s['reward']}"} for s in by_kind]:
+            cells = []
+            for m in ("mrtpo", "contrast", "entropy"):
+                lift, rho = s["lift"].get(m, {}), s["rho"].get(m, {}).get("mean")
+                cells.append("—" if not lift.get("n") else
+                             f"{lift['mean']:.2f} [{'—' if rho is None else f'{rho:+.2f}'}]")
+            c = record.get("conditioning", {}).get(s["reward"], {})
+            cond = "—" if c.get("with") is None else f"{c['with']:.2f} / {c['without']:.2f}"
+            spread = "—" if c.get("spread") is None else f"{c['spread']:.2f}"
+            lines.append(f"| {task} | {s['reward']} | {s['n']} | {s['relevant_share']:.2f} | " + " | ".join(cells) +
+                         f" | {cond} | {spread} |")
+    return lines + [""]
+
+
+def _sweep(out: Path, kind: str, values: list[int]) -> tuple[list[str], list[tuple[int, dict]]]:
+    points = []
+    for v in values:
+        comparison = _load(out / f"sweep-{kind}-{v}" / "comparison.json")
+        if comparison is not None:
+            points.append((v, comparison))
+    label = {"rewards": "rewards (clauses per prompt)", "length": "typical response length (words)"}[kind]
+    lines = [f"### Sweep: {label}", "", f"| {kind} | gdpo final reward | mrtpo final reward | mrtpo − gdpo (paired) | "
+             "per reward: mrtpo − gdpo |", "|---:|---:|---:|---:|---:|"]
+    gaps = []
+    for v, c in points:
+        gap = _gap(c)
+        gaps.append((v, gap))
+        # per reward-slot mean reward difference (normalised by the number of rewards)
+        rewards = c.get("rewards", [])
+        per = gap.get("mean_difference")
+        per_text = "—" if per is None or not rewards else f"{per / len(rewards):+.3f}"
+        lines.append(f"| {v} | {_fmt(_final(c, 'gdpo'))} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(gap)} | {per_text} |")
+    return lines + [""], gaps
+
+
+def _plot_gap(path: Path, gaps: list[tuple[int, dict]], xlabel: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [v for v, g in gaps if g.get("mean_difference") is not None]
+    if not xs:
+        return
+    ys = [g["mean_difference"] for v, g in gaps if g.get("mean_difference") is not None]
+    lo = [g["mean_difference"] - (g["ci95"][0] if g.get("ci95") and None not in g["ci95"] else g["mean_difference"])
+          for v, g in gaps if g.get("mean_difference") is not None]
+    hi = [(g["ci95"][1] if g.get("ci95") and None not in g["ci95"] else g["mean_difference"]) - g["mean_difference"]
+          for v, g in gaps if g.get("mean_difference") is not None]
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4)
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("final total reward: mrtpo − gdpo")
+    ax.set_xticks(xs)
+    ax.set_title("paired gap over seeds, 95% CI")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary(out: Path) -> None:
+    lines = ["# Credit gym comparison", ""]
+    lr = _load(out / "lr.json")
+    if lr:
+        rates = sorted({r for v in lr["table"].values() for r in v}, key=float)
+        lines += ["### Learning-rate sweep (separate seeds; the best rate per method is used below)", "",
+                  "| method | " + " | ".join(f"lr {r}" for r in rates) + " | best |",
+                  "|---|" + "---:|" * (len(rates) + 1)]
+        for m, values in lr["table"].items():
+            lines.append(f"| {m} | " + " | ".join(f"{values[r]:.3f}" if r in values else "—" for r in rates) +
+                         f" | {lr['best'][m]:g} |")
+        lines.append("")
+    lines += _precision_table(out)
+    for folder in sorted(out.glob("main-*")) + sorted(out.glob("family-*")):
+        comparison = _load(folder / "comparison.json")
+        if comparison:
+            lines += _learning_table(comparison, folder.name)
+    for kind, values, xlabel in (("rewards", [2, 4, 6], "rewards per prompt"),
+                                 ("length", [8, 16, 32], "typical response length (words)")):
+        table, gaps = _sweep(out, kind, values)
+        if gaps:
+            lines += table
+            _plot_gap(out / f"gap-{kind}.png", gaps, xlabel)
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    command, folder = sys.argv[1], Path(sys.argv[2])
+    if command == "pick-lr":
+        pick_lr(folder, sys.argv[3:])
+    elif command == "summary":
+        summary(folder)
+    else:
+        sys.exit(f"unknown command {command!r}: pick-lr or summary")
