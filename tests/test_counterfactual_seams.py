@@ -168,3 +168,14 @@ def test_joint_counterfactual_and_string_prompts(tok):
     assert cf == render(msgs).replace("\n\n" + across + "\n\n", "\n\n")
     assert counterfactual_text("Q? Answer briefly.", [Evidence("Answer briefly.", "in_prompt"),
                                                       Evidence("42", "privileged")], render, "REF:") == "Q?\n\nREF:\n42"
+
+
+def test_rewards_sharing_one_evidence_remove_it_once_in_the_joint_counterfactual():
+    from mrtpo.replay import counterfactual_text
+    from mrtpo.verifiers import Evidence
+
+    messages = [{"role": "user", "content": "Write a poem. Include the word cat at least twice. Be brief."}]
+    shared = Evidence("Include the word cat at least twice.", "in_prompt")
+    render = lambda m: m[0]["content"]  # noqa: E731
+    joint = counterfactual_text(messages, [shared, shared], render, verifiers=["once", "twice"])
+    assert joint == counterfactual_text(messages, [shared], render) == "Write a poem. Be brief."

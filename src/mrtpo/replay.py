@@ -131,9 +131,12 @@ def counterfactual_text(
     message's content before rendering (:func:`cut`), so the result is the prompt rendered as if
     the message had been written without it; a span across messages (or in text the template adds)
     is cut from the rendered string. Privileged evidence goes to the last user turn under ``header``
-    (appended to a plain string).
+    (appended to a plain string). Several rewards may share one evidence (the same span, or the same
+    reference); the joint counterfactual removes or appends it once.
     """
     names = list(verifiers) if verifiers is not None else ["?"] * len(evidences)
+    unique = dict(zip(evidences, names))  # Evidence is frozen: equal text and placement collapse
+    evidences, names = list(unique), list(unique.values())
     privileged = [ev.text for ev in evidences if ev.placement == "privileged"]
     removed = [(ev.text, name) for ev, name in zip(evidences, names) if ev.placement == "in_prompt"]
     if isinstance(prompt, str):
