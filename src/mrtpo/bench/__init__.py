@@ -6,6 +6,7 @@ import importlib
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,54 @@ def add_sampling_arguments(parser, *, prompts: int, max_new_tokens: int | None, 
     parser.add_argument("--methods", default=methods, help="comma-separated credit methods")
     parser.add_argument("--dtype", default=dtype, choices=["float32", "bfloat16"], help="policy dtype")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+
+@dataclass
+class WeighedGroup:
+    """One prompt's sampled group, replayed under every context the credit methods need."""
+
+    completions: Any  # (G, T) ids, right-padded
+    lengths: Any  # (G,) lengths counting the end-of-sequence token
+    texts: list[str]  # decoded completions
+    rewards: Any  # (G, K), NaN where a reward does not apply
+    contexts: list[list[int]]  # the original prompt, each reward's counterfactual, the joint one
+    placements: list[str]  # placement of each counterfactual
+    present: list[str]  # names of the rewards with evidence, in context order
+    weights: dict[str, Any]  # method -> (G, K, T) token weights (the ones training uses)
+
+
+def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, group_size: int, max_new_tokens: int,
+                     config=None, kind: str = "js") -> WeighedGroup:
+    """Sample ``group_size`` completions of ``example``, replay them once under all the contexts
+    (per reward, joint, and the original's entropy) and give every method's token weights."""
+    import torch
+
+    from mrtpo.credit import CreditBatch, CreditConfig, get_method
+    from mrtpo.replay import group_relevance, replay_contexts
+    from mrtpo.sampling import sample_group
+
+    def ids_of(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    names = [v.name for v in verifiers]
+    comps, lengths = sample_group(model, tokenizer, ids_of(render(example)), group_size, max_new_tokens)
+    texts = [tokenizer.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
+    rewards = torch.tensor([[float("nan") if (r := v(t, example)) is None else float(r) for v in verifiers]
+                            for t in texts])
+    evidences = [v.evidence(example) for v in verifiers]
+    contexts, placements, present = replay_contexts(example, evidences, render, ids_of, names=names, joint=True)
+    result = group_relevance(model, contexts, placements, comps, lengths, kind=kind, with_entropy=True)
+    g, t = comps.shape
+    mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
+    relevance = torch.zeros(g, len(names), t)
+    for c, name in enumerate(present):
+        relevance[:, names.index(name)] = result.maps[c]
+    batch = CreditBatch(rewards, g, mask, relevance=relevance,
+                        has_evidence=torch.tensor([e is not None for e in evidences]),
+                        joint_relevance=result.maps[len(present)] if len(result.maps) > len(present) else None,
+                        entropy=result.entropy)
+    weights = {m: get_method(m).weights(batch, config or CreditConfig()) for m in methods}
+    return WeighedGroup(comps, lengths, texts, rewards, contexts, placements, present, weights)
 
 
 def write_record(out: Path, benchmark: str, command: str, rows: list[dict], **extra: Any) -> dict:

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from mrtpo.bench import add_sampling_arguments, write_record
-from mrtpo.credit import CreditBatch, CreditConfig, get_method
+from mrtpo.bench import add_sampling_arguments, sample_and_weigh, write_record
+from mrtpo.credit import CreditConfig, get_method
 from mrtpo.credit.lift import span_lift, summarise_lifts
 
 DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mrtpo.config import parse_overrides
     from mrtpo.models import load_policy
-    from mrtpo.replay import group_relevance, prompt_renderer, replay_contexts
+    from mrtpo.replay import prompt_renderer
     from mrtpo.sampling import sample_group
     from mrtpo.tasks import get_task
 
@@ -138,36 +138,23 @@ def main(argv: list[str] | None = None) -> int:
     max_new = args.max_new_tokens or task.max_new_tokens
     config = CreditConfig(lam=args.lam)
 
-    def ids_of(text: str) -> list[int]:
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-
     rows, conditioning = [], defaultdict(lambda: {"with": [], "without": [], "spread": []})
     for ex in tqdm(task.load("train", args.prompts), desc=f"precision · {args.task}", unit="prompt"):
-        comps, lengths = sample_group(model, tok, ids_of(render(ex)), args.group_size, max_new)
-        texts = [tok.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
-        rewards = torch.tensor([[float("nan") if (r := v(t, ex)) is None else float(r) for v in verifiers] for t in texts])
-        evidences = [v.evidence(ex) for v in verifiers]
-        contexts, placements, present = replay_contexts(ex, evidences, render, ids_of, names=names, joint=True)
-        result = group_relevance(model, contexts, placements, comps, lengths, kind=args.relevance, with_entropy=True)
-        g, t = comps.shape
-        mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
-        relevance = torch.zeros(g, len(names), t)
-        for c, name in enumerate(present):
-            relevance[:, names.index(name)] = result.maps[c]
+        group = sample_and_weigh(model, tok, ex, verifiers, render, methods, args.group_size, max_new, config,
+                                 kind=args.relevance)
+        texts, lengths, rewards, weights = group.texts, group.lengths, group.rewards, group.weights
+        for c, name in enumerate(group.present):
             k = names.index(name)
-            other, other_n = sample_group(model, tok, contexts[1 + c], args.group_size, max_new)
+            other, other_n = sample_group(model, tok, group.contexts[1 + c], args.group_size, max_new)
             other_rate = sum(float(verifiers[k](tok.decode(o[:n].tolist(), skip_special_tokens=True), ex) or 0.0)
                              for o, n in zip(other, other_n.tolist())) / args.group_size
             base_rate = float(torch.nan_to_num(rewards[:, k]).mean())
-            with_ev, without_ev = (base_rate, other_rate) if placements[c] == "in_prompt" else (other_rate, base_rate)
+            in_prompt = group.placements[c] == "in_prompt"
+            with_ev, without_ev = (base_rate, other_rate) if in_prompt else (other_rate, base_rate)
             conditioning[name]["with"].append(with_ev)
             conditioning[name]["without"].append(without_ev)
         for k, name in enumerate(names):
             conditioning[name]["spread"].append(float(torch.nan_to_num(rewards[:, k]).std() > 0))
-        batch = CreditBatch(rewards, g, mask, relevance=relevance,
-                            has_evidence=torch.tensor([e is not None for e in evidences]),
-                            joint_relevance=result.maps[len(present)], entropy=result.entropy)
-        weights = {m: get_method(m).weights(batch, config) for m in methods}
         for i, text in enumerate(texts):
             truth = task.relevant_positions(ex, text.split())
             for r in completion_precision({m: w[i] for m, w in weights.items()}, names, truth, int(lengths[i])):

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from mrtpo.bench import add_sampling_arguments, write_record
-from mrtpo.credit import CreditBatch, CreditConfig, get_method
+from mrtpo.bench import add_sampling_arguments, sample_and_weigh, write_record
+from mrtpo.credit import get_method
 from mrtpo.credit.lift import char_spans_to_tokens, span_lift, summarise_lifts
 
 DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
@@ -95,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     from mrtpo.models import load_policy
-    from mrtpo.replay import group_relevance, prompt_renderer, replay_contexts
-    from mrtpo.sampling import sample_group
+    from mrtpo.replay import prompt_renderer
     from mrtpo.tasks import get_task
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -121,27 +120,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
 
-    def ids_of(text: str) -> list[int]:
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-
     rows = []
     for ex in tqdm(examples, desc=f"lift · {args.task}", unit="prompt"):
-        comps, lengths = sample_group(model, tok, ids_of(render(ex)), args.group_size, max_new)
-        texts = [tok.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
-        rewards = torch.tensor([[float("nan") if (r := v(t, ex)) is None else float(r) for v in verifiers] for t in texts])
-        evidences = [v.evidence(ex) for v in verifiers]
-        contexts, placements, present = replay_contexts(ex, evidences, render, ids_of, names=names, joint=True)
-        result = group_relevance(model, contexts, placements, comps, lengths, with_entropy=True)
-        g, t = comps.shape
-        mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
-        relevance = torch.zeros(g, len(names), t)
-        for c, name in enumerate(present):
-            relevance[:, names.index(name)] = result.maps[c]
-        batch = CreditBatch(rewards, g, mask, relevance=relevance,
-                            has_evidence=torch.tensor([e is not None for e in evidences]),
-                            joint_relevance=result.maps[len(present)] if len(result.maps) > len(present) else None,
-                            entropy=result.entropy)
-        weights = {m: get_method(m).weights(batch, CreditConfig()) for m in methods}
+        group = sample_and_weigh(model, tok, ex, verifiers, render, methods, args.group_size, max_new)
+        comps, lengths, texts, rewards, weights = group.completions, group.lengths, group.texts, group.rewards, group.weights
         for i, text in enumerate(texts):
             n = int(lengths[i])
             spans = task.checked_spans(ex, text)
