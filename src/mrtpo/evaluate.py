@@ -17,6 +17,9 @@ A run writes to ``--out`` (default ``runs/eval/<task>-<split>-<model>-<time>``):
 - ``outputs.jsonl``: one line per example (id, prompt, output, new_tokens, stopped).
 
 The trainer and the benchmarks call :func:`evaluate_model` on a model already in memory.
+Loading a model or checkpoint (:func:`load_model`, :func:`resolve_checkpoint`) lives in
+:mod:`mrtpo.evaluate_load` and the result files (:func:`render_markdown`) in
+:mod:`mrtpo.evaluate_results`; both are importable from here.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mrtpo.evaluate_load import EvalUserError, load_model, resolve_checkpoint
+from mrtpo.evaluate_results import render_markdown, write_results
 from mrtpo.machine import machine_info
+from mrtpo.tasks import TASK_NAMES
 
 #: Default ``max_new_tokens`` per task (long enough for the task's answers: one or a few tool
 #: calls, one SQL query, an IFEval response of a few paragraphs).
 DEFAULT_MAX_NEW_TOKENS: dict[str, int] = {"toolcall": 256, "sql": 256, "instructions": 512}
 FALLBACK_MAX_NEW_TOKENS = 256
-from mrtpo.tasks import TASK_NAMES
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
@@ -47,6 +52,7 @@ __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "EvalUserError",
     "Generation",
+    "default_max_new_tokens",
     "evaluate_model",
     "generate",
     "load_model",
@@ -56,10 +62,6 @@ __all__ = [
     "stop_token_ids",
     "task_splits",
 ]
-
-
-class EvalUserError(Exception):
-    """A mistake in the command's inputs (task, split, model path); the message says the fix."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,191 +289,8 @@ def _load_examples(task: Any, name: str, split: str, limit: int | None):
         raise
 
 
-# --------------------------------------------------------------------------------------------
-# Models and checkpoints.
-# --------------------------------------------------------------------------------------------
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-
-
-def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, str]:
-    """``(folder, kind)`` of a saved model folder: kind "adapter" (PEFT adapter_config.json) or
-    "full" (config.json). A training output folder without either resolves to its
-    highest-numbered ``checkpoint-N`` subfolder; a folder of ``.gguf`` files gives "gguf"."""
-    root = Path(path).expanduser()
-    if (root / "adapter_config.json").is_file():
-        return root, "adapter"
-    if (root / "config.json").is_file():
-        return root, "full"
-    numbered = []
-    for sub in root.iterdir():
-        m = _CHECKPOINT.fullmatch(sub.name)
-        if m and sub.is_dir() and ((sub / "adapter_config.json").is_file() or (sub / "config.json").is_file()):
-            numbered.append((int(m.group(1)), sub))
-    if not numbered:
-        if any(root.glob("*.gguf")):
-            return root, "gguf"  # mrtpo.models.load_policy takes a folder holding one .gguf
-        raise EvalUserError(
-            f"{root} is not a saved model: it has no config.json (a save_pretrained folder), no "
-            f"adapter_config.json (a PEFT adapter) and no checkpoint-N subfolder with either. "
-            f"Pass a model folder, a checkpoint folder, a .gguf file or a preset."
-        )
-    _, best = max(numbered)
-    return resolve_checkpoint(best)
-
-
-def _base_from_adapter(folder: Path, base_override: str | None) -> str:
-    """The base model spec of a PEFT adapter: ``--base-model`` if given, else the config's
-    ``base_model_name_or_path``; a missing mrtpo cache path ``<preset>-<sha8>`` maps to its preset."""
-    if base_override:
-        return base_override
-    from mrtpo.models import PRESETS
-
-    config = json.loads((folder / "adapter_config.json").read_text())
-    base = config.get("base_model_name_or_path")
-    if not base:
-        raise EvalUserError(
-            f"the adapter in {folder} does not name its base model (base_model_name_or_path); "
-            f"pass it with --base-model <preset|dir>."
-        )
-    if base not in PRESETS and not Path(base).expanduser().exists():
-        stem = Path(base).name
-        for name in PRESETS:
-            if re.fullmatch(re.escape(name) + r"(-[0-9a-f]{8})?", stem):
-                return name
-    return base
-
-
-def load_model(
-    spec: str,
-    dtype: str = "bfloat16",
-    device: str = "auto",
-    base_model: str | None = None,
-) -> tuple[Any, Any, dict[str, Any]]:
-    """``(model, tokenizer, info)`` for a preset, ``.gguf``, hub id, saved folder, checkpoint
-    folder or PEFT adapter folder (loaded on its base via :func:`mrtpo.models.load_policy`,
-    then merged). ``info`` describes what was loaded, for the run metadata."""
-    import torch
-
-    from mrtpo.models import PRESETS, ModelLoadError, load_policy
-
-    torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[dtype]
-    info: dict[str, Any] = {"spec": spec, "dtype": dtype}
-    path = Path(spec).expanduser()
-    try:
-        if path.is_dir():
-            folder, kind = resolve_checkpoint(path)
-            info.update(kind=kind, path=str(folder.resolve()))
-            if kind == "adapter":
-                base = _base_from_adapter(folder, base_model)
-                info["base_model"] = base
-                model, tokenizer = load_policy(base, dtype=torch_dtype)
-                from peft import PeftModel
-
-                model = PeftModel.from_pretrained(model, str(folder), is_trainable=False)
-                model = model.merge_and_unload()
-                model.eval()
-            elif kind == "gguf":
-                model, tokenizer = load_policy(folder, dtype=torch_dtype)
-            else:
-                if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-                    raise EvalUserError(
-                        f"checkpoint {folder} has no tokenizer files (tokenizer.json / "
-                        f"tokenizer_config.json): save them there with tokenizer.save_pretrained, "
-                        f"or copy them from the training output folder."
-                    )
-                model, tokenizer = load_policy(folder, dtype=torch_dtype)
-        else:
-            model, tokenizer = load_policy(spec, dtype=torch_dtype)
-            info["kind"] = "preset" if spec in PRESETS else ("gguf" if path.suffix == ".gguf" else "hub")
-            if spec in PRESETS:
-                info["sha256"] = PRESETS[spec].sha256
-    except ModelLoadError as err:
-        raise EvalUserError(f"cannot load model {spec!r}: {err}") from None
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)
-    info["device"] = device
-    info["parameters"] = sum(p.numel() for p in model.parameters())
-    return model, tokenizer, info
-
-
-# --------------------------------------------------------------------------------------------
-# Results.
-# --------------------------------------------------------------------------------------------
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    if value is None:
-        return "–"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _is_table(value: Any) -> bool:
-    """A dict of dicts of scalars: rendered as one table (rows = keys)."""
-    return (
-        isinstance(value, dict)
-        and bool(value)
-        and all(
-            isinstance(row, dict) and all(not isinstance(v, (dict, list)) for v in row.values())
-            for row in value.values()
-        )
-    )
-
-
-def render_markdown(metrics: dict[str, Any], run: dict[str, Any]) -> str:
-    """Readable report: run header, the scalar metrics, then one table per breakdown
-    (per category / database / instruction); per-item lists stay in results.json."""
-    gen = run.get("generation", {})
-    model = run.get("model", {})
-    lines = [
-        f"# mrtpo eval: {run.get('task')} / {run.get('split')}",
-        "",
-        f"- model: `{model.get('spec')}` ({model.get('kind')}, {model.get('dtype')}, {model.get('device')})",
-        f"- examples: {run.get('n_examples')} (limit {run.get('limit')})",
-        (
-            f"- generation: greedy, batch {gen.get('batch_size')}, max_new_tokens "
-            f"{gen.get('max_new_tokens')}, {gen.get('new_tokens')} new tokens, "
-            f"{_fmt(gen.get('tokens_per_s'))} tok/s, {gen.get('truncated')} cut at max_new_tokens"
-        ),
-        f"- elapsed: {_fmt(run.get('elapsed_s'))} s (generation {_fmt(gen.get('seconds'))} s)",
-        f"- date: {run.get('date')}",
-        f"- machine: {run.get('machine', {}).get('summary')}",
-        f"- command: `{run.get('command')}`",
-        "",
-        "## Metrics",
-        "",
-        "| metric | value |",
-        "|---|---|",
-    ]
-    for key, value in metrics.items():
-        if not isinstance(value, (dict, list)):
-            lines.append(f"| {key} | {_fmt(value)} |")
-    for key, value in metrics.items():
-        if isinstance(value, dict) and value and all(not isinstance(v, (dict, list)) for v in value.values()):
-            lines += ["", f"## {key}", "", "| key | value |", "|---|---|"]
-            lines += [f"| {k} | {_fmt(v)} |" for k, v in value.items()]
-        elif _is_table(value):
-            columns = list(dict.fromkeys(c for row in value.values() for c in row))
-            lines += ["", f"## {key}", "", "| " + " | ".join([key, *columns]) + " |"]
-            lines.append("|" + "---|" * (len(columns) + 1))
-            for name, row in value.items():
-                lines.append("| " + " | ".join([_fmt(name), *(_fmt(row.get(c)) for c in columns)]) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip("/")).strip("_")[-60:] or "model"
-
-
-def write_results(out: Path, metrics: dict[str, Any], run: dict[str, Any], gens: list[Generation]) -> None:
-    """Write results.json, results.md and outputs.jsonl into ``out`` (created if needed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"run": run, "metrics": metrics}, indent=2, default=str) + "\n")
-    (out / "results.md").write_text(render_markdown(metrics, run))
-    with open(out / "outputs.jsonl", "w") as f:
-        f.writelines(json.dumps(g.record(), ensure_ascii=False) + "\n" for g in gens)
 
 
 # --------------------------------------------------------------------------------------------
