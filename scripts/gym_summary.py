@@ -162,6 +162,62 @@ def _plot_gap(path: Path, gaps: list[tuple[int, dict]], xlabel: str) -> None:
     plt.close(fig)
 
 
+def _smoothed_runs(folder: Path, method: str, key: str, window: int) -> list[list[float]]:
+    """Each seed's ``key`` per step, as a trailing mean over ``window`` steps."""
+    runs = []
+    for run in sorted(folder.glob(f"{method}-seed*")):
+        values = [json.loads(line).get(key) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        values = [v for v in values if isinstance(v, (int, float))]
+        runs.append([sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
+                     for i in range(len(values))])
+    return runs
+
+
+def plot_curves(folder: Path, path: Path, window: int = 10) -> None:
+    """Total training reward (trailing mean over ``window`` steps) and held-out total reward per method:
+    mean over seeds with a Student-t 95 % band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mrtpo.bench.learn.stats import describe
+
+    comparison = _load(folder / "comparison.json")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for method in comparison["methods"]:
+        runs = _smoothed_runs(folder, method, "reward", window)
+        if not runs:
+            continue
+        steps = range(1, min(len(r) for r in runs) + 1)
+        stats = [describe([r[i - 1] for r in runs]) for i in steps]
+        line, = axes[0].plot(steps, [s["mean"] for s in stats], label=f"{method} (n={len(runs)})")
+        if len(runs) > 1:
+            axes[0].fill_between(steps, [s["ci95"][0] for s in stats], [s["ci95"][1] for s in stats],
+                                 color=line.get_color(), alpha=0.15)
+        held = {}
+        for run in sorted(folder.glob(f"{method}-seed*")):
+            for line_text in (run / "eval.jsonl").read_text().splitlines():
+                record = json.loads(line_text)
+                held.setdefault(record["step"], []).append(record["metrics"]["reward_total"])
+        xs = sorted(held)
+        hs = [describe(held[x]) for x in xs]
+        axes[1].plot(xs, [h["mean"] for h in hs], marker="o", color=line.get_color(), label=method)
+        if len(runs) > 1:
+            axes[1].fill_between(xs, [h["ci95"][0] for h in hs], [h["ci95"][1] for h in hs],
+                                 color=line.get_color(), alpha=0.15)
+    axes[0].set_title(f"training total reward ({window}-step trailing mean)")
+    axes[1].set_title("held-out total reward (greedy)")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{comparison['task']}: mean over seeds, band = 95% CI")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def summary(out: Path) -> None:
     lines = ["# Credit gym comparison", ""]
     lr = _load(out / "lr.json")
@@ -179,6 +235,8 @@ def summary(out: Path) -> None:
         comparison = _load(folder / "comparison.json")
         if comparison:
             lines += _learning_table(comparison, folder.name)
+            plot_curves(folder, out / f"curves-{folder.name}.png")
+            lines += [f"![{folder.name}](curves-{folder.name}.png)", ""]
     for kind, values, xlabel in (("rewards", [2, 4, 6], "rewards per prompt"),
                                  ("length", [8, 16, 32], "typical response length (words)")):
         table, gaps = _sweep(out, kind, values)
