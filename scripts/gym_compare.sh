@@ -9,9 +9,9 @@
 #
 # Stages: precision (credit precision against ground truth, every family, before learning);
 # lr (learning-rate sweep of every method on separate seeds); main (every method x SEEDS on
-# gym-constraints, each at its best rate); families (gdpo vs mrtpo vs contrast on the other
-# families); sweeps (the MRTPO - GDPO gap against response length and number of rewards);
-# summary (tables and plots into OUT).
+# gym-constraints, each at its best rate); families (gdpo vs mrtpo on the other families);
+# sweeps (the MRTPO - GDPO gap against response length and number of rewards); ablations (mrtpo
+# with lam 0.5 and with logratio relevance); summary (tables and plots into OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MRTPO="${MRTPO:-.venv/bin/mrtpo}"
@@ -26,7 +26,7 @@ LR_SEEDS="${LR_SEEDS:-100,101}"
 LR_STEPS="${LR_STEPS:-80}"
 SWEEP_SEEDS="${SWEEP_SEEDS:-0,1,2}"
 SWEEP_STEPS="${SWEEP_STEPS:-100}"
-STAGES="${STAGES:-precision lr main families sweeps summary}"
+STAGES="${STAGES:-precision lr main families sweeps ablations summary}"
 if [ "${QUICK:-0}" = 1 ]; then
     OUT="${OUT%/}-quick"; METHODS=gdpo,mrtpo; SEEDS=0,1; STEPS=40; STAGES="main summary"
 fi
@@ -80,6 +80,12 @@ for stage in $STAGES; do
             # shellcheck disable=SC2046
             learn gym-constraints "$OUT/sweep-length-$len" gdpo,mrtpo "$SWEEP_SEEDS" "$SWEEP_STEPS" \
                 "task_args={length: $len}" "max_completion_length=$((2 * len + 8))" $(lr_args gdpo,mrtpo)
+        done ;;
+    ablations)
+        for v in "lam-0.5:lam=0.5" "logratio:relevance=logratio"; do
+            log "ablation ${v%%:*}"
+            # shellcheck disable=SC2046
+            learn gym-constraints "$OUT/ablation-${v%%:*}" mrtpo "$SEEDS" "$STEPS" "${v#*:}" $(lr_args mrtpo)
         done ;;
     summary)
         log "summary"

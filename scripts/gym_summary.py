@@ -88,6 +88,27 @@ def _learning_table(comparison: dict, title: str) -> list[str]:
     return lines + [""]
 
 
+def _ablation_table(out: Path) -> list[str]:
+    """MRTPO variants (other λ, relevance kind) on the main comparison's seeds, paired with its gdpo and mrtpo."""
+    main = _load(out / "main-gym-constraints" / "comparison.json")
+    folders = sorted(out.glob("ablation-*"))
+    if main is None or not folders:
+        return []
+    lines = ["### MRTPO ablations (gym-constraints, the main comparison's seeds and settings)", "",
+             "| variant | final total reward [95% CI] | − gdpo (paired) | − mrtpo default (paired) |",
+             "|---|---:|---:|---:|", f"| mrtpo (λ = 1, js) | {_fmt(_final(main, 'mrtpo'))} | {_gap_text(_gap(main))} | — |"]
+    for folder in folders:
+        c = _load(folder / "comparison.json")
+        if c is None:
+            continue
+        mine = _per_seed_final(c, "mrtpo")
+        vs_gdpo = paired_comparison(mine, _per_seed_final(main, "gdpo"))
+        vs_mrtpo = paired_comparison(mine, _per_seed_final(main, "mrtpo"))
+        lines.append(f"| {folder.name.removeprefix('ablation-')} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(vs_gdpo)} | "
+                     f"{_gap_text(vs_mrtpo)} |")
+    return lines + [""]
+
+
 def _precision_table(out: Path) -> list[str]:
     lines = ["### Credit precision against ground truth (warm-started policy, before learning)", "",
              "Lift = share of a reward's weight on its ground-truth relevant tokens ÷ their share of tokens "
@@ -237,6 +258,7 @@ def summary(out: Path) -> None:
             lines += _learning_table(comparison, folder.name)
             plot_curves(folder, out / f"curves-{folder.name}.png")
             lines += [f"![{folder.name}](curves-{folder.name}.png)", ""]
+    lines += _ablation_table(out)
     for kind, values, xlabel in (("rewards", [2, 4, 6], "rewards per prompt"),
                                  ("length", [8, 16, 32], "typical response length (words)")):
         table, gaps = _sweep(out, kind, values)
