@@ -2,6 +2,7 @@
 
     python scripts/gym_summary.py pick-lr runs/gym 1e-4 3e-4 1e-3   # each method's best rate -> lr.json
     python scripts/gym_summary.py summary runs/gym                   # summary.md, gap-*.png
+    python scripts/gym_summary.py equal-steps runs/gym 150           # gdpo steps as long as 150 of mrtpo
 
 The learning-rate choice uses the sweep's own seeds (never the comparison's): a method's best rate is
 the one with the highest final total reward (mean of the last steps, over the sweep's seeds).
@@ -85,6 +86,49 @@ def _learning_table(comparison: dict, title: str) -> list[str]:
         gap = _gap_text(_gap(comparison, m)) if m != "gdpo" else "(reference)"
         lines.append(f"| {m} | {len(s['seeds'])} | {_fmt(s['final']['reward'])} | " + " | ".join(per_reward) +
                      f" | {end_total} | {end_all} | {gap} |")
+    return lines + [""]
+
+
+def step_times(folder: Path, method: str) -> dict[str, float]:
+    """Median seconds per step of a method's runs (TRL's step_time and the trainer's phase times)."""
+    import statistics
+
+    values: dict[str, list[float]] = {}
+    for metrics in folder.glob(f"{method}-seed*/metrics.jsonl"):
+        for line in metrics.read_text().splitlines():
+            record = json.loads(line)
+            for key in ("step_time", "time/generation", "time/replay", "time/update"):
+                if isinstance(record.get(key), (int, float)):
+                    values.setdefault(key, []).append(record[key])
+    return {k: statistics.median(v) for k, v in values.items()}
+
+
+def equal_time_steps(out: Path, steps: int) -> int:
+    """GDPO steps that take as long as ``steps`` MRTPO steps (median step times of the main comparison)."""
+    main = out / "main-gym-constraints"
+    return round(steps * step_times(main, "mrtpo")["step_time"] / step_times(main, "gdpo")["step_time"])
+
+
+def _time_table(out: Path) -> list[str]:
+    main = out / "main-gym-constraints"
+    comparison = _load(main / "comparison.json")
+    if comparison is None:
+        return []
+    lines = ["### Step time (median seconds per step, one core each, two runs at a time)", "",
+             "| method | step | generation | replay | update | × gdpo |", "|---|---:|---:|---:|---:|---:|"]
+    reference = step_times(main, "gdpo").get("step_time")
+    for m in comparison["methods"]:
+        t = step_times(main, m)
+        ratio = f"{t['step_time'] / reference:.2f}" if reference else "—"
+        lines.append(f"| {m} | {t.get('step_time', 0):.3f} | {t.get('time/generation', 0):.3f} | "
+                     f"{t.get('time/replay', 0):.3f} | {t.get('time/update', 0):.3f} | {ratio} |")
+    equal = _load(out / "equal-time-gdpo" / "comparison.json")
+    if equal is not None:
+        steps = equal["runs"][0]["steps"] if equal["runs"] else "?"
+        gap = paired_comparison(_per_seed_final(comparison, "mrtpo"), _per_seed_final(equal, "gdpo"))
+        lines += ["", f"Equal wall-clock: gdpo trained for {steps} steps (as long as mrtpo's 150 at the median step "
+                  f"times) reaches a final total reward of {_fmt(_final(equal, 'gdpo'))}; mrtpo after 150 steps: "
+                  f"{_fmt(_final(comparison, 'mrtpo'))}; mrtpo − gdpo (paired by seed): {_gap_text(gap)}."]
     return lines + [""]
 
 
@@ -259,6 +303,7 @@ def summary(out: Path) -> None:
             plot_curves(folder, out / f"curves-{folder.name}.png")
             lines += [f"![{folder.name}](curves-{folder.name}.png)", ""]
     lines += _ablation_table(out)
+    lines += _time_table(out)
     for kind, values, xlabel in (("rewards", [2, 4, 6], "rewards per prompt"),
                                  ("length", [8, 16, 32], "typical response length (words)")):
         table, gaps = _sweep(out, kind, values)
@@ -273,6 +318,8 @@ if __name__ == "__main__":
     command, folder = sys.argv[1], Path(sys.argv[2])
     if command == "pick-lr":
         pick_lr(folder, sys.argv[3:])
+    elif command == "equal-steps":
+        print(equal_time_steps(folder, int(sys.argv[3])))
     elif command == "summary":
         summary(folder)
     else:
