@@ -95,6 +95,11 @@ for stage in $STAGES; do
         learn gym-constraints "$OUT/equal-time-gdpo" gdpo "$SEEDS" "$steps" $(lr_args gdpo) ;;
     summary)
         log "summary"
+        # steps to a target: about GDPO's final level on each task (chosen after seeing the runs)
+        for t in "main-gym-constraints 1.3" "equal-time-gdpo 1.3" "family-gym-call 1.7" "family-gym-overlap 1.9" \
+                 "family-gym-answer ${ANSWER_TARGET:-1.0}"; do
+            [ -f "$OUT/${t% *}/bench.json" ] && .venv/bin/python scripts/gym_summary.py retarget "$OUT/${t% *}" "${t#* }"
+        done
         .venv/bin/python scripts/gym_summary.py summary "$OUT" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac

@@ -3,6 +3,7 @@
     python scripts/gym_summary.py pick-lr runs/gym 1e-4 3e-4 1e-3   # each method's best rate -> lr.json
     python scripts/gym_summary.py summary runs/gym                   # summary.md, gap-*.png
     python scripts/gym_summary.py equal-steps runs/gym 150           # gdpo steps as long as 150 of mrtpo
+    python scripts/gym_summary.py retarget runs/gym/main-gym-constraints 1.3   # add steps to a target
 
 The learning-rate choice uses the sweep's own seeds (never the comparison's): a method's best rate is
 the one with the highest final total reward (mean of the last steps, over the sweep's seeds).
@@ -101,6 +102,18 @@ def step_times(folder: Path, method: str) -> dict[str, float]:
                 if isinstance(record.get(key), (int, float)):
                     values.setdefault(key, []).append(record[key])
     return {k: statistics.median(v) for k, v in values.items()}
+
+
+def retarget(folder: Path, target: float, window: int = 10) -> None:
+    """Rebuild a finished benchmark's comparison with a steps-to-target row: its saved command plus
+    ``--compare-only --target-reward target --target-window window`` (nothing is trained again)."""
+    import shlex
+    import subprocess
+
+    command = shlex.split(json.loads((folder / "bench.json").read_text())["command"])
+    mrtpo = str(Path(sys.executable).with_name("mrtpo"))
+    subprocess.run([mrtpo, *command[1:], "--compare-only", "--target-reward", str(target), "--target-window",
+                    str(window)], check=True, stdout=subprocess.DEVNULL)
 
 
 def equal_time_steps(out: Path, steps: int) -> int:
@@ -318,6 +331,8 @@ if __name__ == "__main__":
     command, folder = sys.argv[1], Path(sys.argv[2])
     if command == "pick-lr":
         pick_lr(folder, sys.argv[3:])
+    elif command == "retarget":
+        retarget(folder, float(sys.argv[3]))
     elif command == "equal-steps":
         print(equal_time_steps(folder, int(sys.argv[3])))
     elif command == "summary":
