@@ -29,6 +29,16 @@ def add_sampling_arguments(parser, *, prompts: int, max_new_tokens: int | None, 
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
+def method_list(text: str) -> list[str]:
+    """Comma-separated credit method names; an unknown one fails here, listing the known ones."""
+    from mrtpo.credit import get_method
+
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    for m in methods:
+        get_method(m)
+    return methods
+
+
 @dataclass
 class WeighedGroup:
     """One prompt's sampled group, replayed under every context the credit methods need."""

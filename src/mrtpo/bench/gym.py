@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from mrtpo.bench import add_sampling_arguments, sample_and_weigh, write_record
-from mrtpo.credit import CreditConfig, get_method
+from mrtpo.bench import add_sampling_arguments, method_list, sample_and_weigh, write_record
+from mrtpo.credit import CreditConfig
 from mrtpo.credit.lift import span_lift, summarise_lifts
 
 DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
@@ -118,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.sampling import sample_group
     from mrtpo.tasks import get_task
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        get_method(m)  # an unknown name fails here, listing the known ones
+    methods = method_list(args.methods)
     task = get_task(args.task, **parse_overrides(args.task_arg))
     if not hasattr(task, "relevant_positions"):
         print(f"mrtpo bench gym: task {args.task!r} reports no ground-truth relevant positions (use a gym-* task)",

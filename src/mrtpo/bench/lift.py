@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-from mrtpo.bench import add_sampling_arguments, sample_and_weigh, write_record
-from mrtpo.credit import get_method
+from mrtpo.bench import add_sampling_arguments, method_list, sample_and_weigh, write_record
 from mrtpo.credit.lift import char_spans_to_tokens, span_lift, summarise_lifts
 
 DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
@@ -98,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.replay import prompt_renderer
     from mrtpo.tasks import get_task
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        get_method(m)  # an unknown name fails here, listing the known ones
+    methods = method_list(args.methods)
     max_new = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(args.task, 128)
     out_path = args.out or Path("runs/bench") / f"lift-{args.task}.json"
     torch.manual_seed(args.seed)
