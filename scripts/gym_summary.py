@@ -32,6 +32,11 @@ def _per_seed_final(comparison: dict, method: str, key: str = "reward") -> dict:
             if r["method"] == method and r.get("final", {}).get(key) is not None}
 
 
+def _per_seed_heldout(comparison: dict, method: str, key: str = "reward_total") -> dict:
+    return {r["seed"]: r["heldout"][key]["end"] for r in comparison["runs"]
+            if r["method"] == method and r.get("heldout", {}).get(key, {}).get("end") is not None}
+
+
 def pick_lr(out: Path, rates: list[str]) -> dict:
     table: dict[str, dict[str, float]] = {}
     for rate in rates:
@@ -201,8 +206,8 @@ def _sweep(out: Path, kind: str, values: list[int]) -> tuple[list[str], list[tup
             points.append((v, comparison))
     label = {"rewards": "rewards (clauses per prompt)", "length": "typical response length (words)"}[kind]
     lines = [f"### Sweep: {label}", "", f"| {kind} | gdpo final reward | mrtpo final reward | mrtpo − gdpo (paired) | "
-             "per reward: mrtpo − gdpo |", "|---:|---:|---:|---:|---:|"]
-    gaps = []
+             "per reward: mrtpo − gdpo | held-out total: mrtpo − gdpo (paired) |", "|---:|---:|---:|---:|---:|---:|"]
+    gaps, held_gaps = [], []
     for v, c in points:
         gap = _gap(c)
         gaps.append((v, gap))
@@ -210,31 +215,38 @@ def _sweep(out: Path, kind: str, values: list[int]) -> tuple[list[str], list[tup
         rewards = c.get("rewards", [])
         per = gap.get("mean_difference")
         per_text = "—" if per is None or not rewards else f"{per / len(rewards):+.3f}"
-        lines.append(f"| {v} | {_fmt(_final(c, 'gdpo'))} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(gap)} | {per_text} |")
-    return lines + [""], gaps
+        held = paired_comparison(_per_seed_heldout(c, "mrtpo"), _per_seed_heldout(c, "gdpo"))
+        held_gaps.append((v, held))
+        lines.append(f"| {v} | {_fmt(_final(c, 'gdpo'))} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(gap)} | {per_text} | "
+                     f"{_gap_text(held)} |")
+    return lines + [""], {"final training reward": gaps, "held-out total reward": held_gaps}
 
 
-def _plot_gap(path: Path, gaps: list[tuple[int, dict]], xlabel: str) -> None:
+def _plot_gap(path: Path, series: dict[str, list[tuple[int, dict]]], xlabel: str) -> None:
+    """MRTPO − GDPO paired gaps (mean and 95 % CI over seeds) against a swept setting, one line per measure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    xs = [v for v, g in gaps if g.get("mean_difference") is not None]
-    if not xs:
-        return
-    ys = [g["mean_difference"] for v, g in gaps if g.get("mean_difference") is not None]
-    lo = [g["mean_difference"] - (g["ci95"][0] if g.get("ci95") and None not in g["ci95"] else g["mean_difference"])
-          for v, g in gaps if g.get("mean_difference") is not None]
-    hi = [(g["ci95"][1] if g.get("ci95") and None not in g["ci95"] else g["mean_difference"]) - g["mean_difference"]
-          for v, g in gaps if g.get("mean_difference") is not None]
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4)
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for i, (label, gaps) in enumerate(series.items()):
+        points = [(v, g) for v, g in gaps if g.get("mean_difference") is not None]
+        if not points:
+            continue
+        xs = [v + (i - 0.5) * 0.08 * v for v, _ in points]  # side by side, not on top of each other
+        ys = [g["mean_difference"] for _, g in points]
+        cis = [g["ci95"] if g.get("ci95") and None not in g["ci95"] else [g["mean_difference"]] * 2 for _, g in points]
+        ax.errorbar(xs, ys, yerr=[[y - c[0] for y, c in zip(ys, cis)], [c[1] - y for y, c in zip(ys, cis)]],
+                    marker="o", capsize=4, label=label)
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("final total reward: mrtpo − gdpo")
-    ax.set_xticks(xs)
+    ax.set_ylabel("mrtpo − gdpo")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([v for v, _ in next(iter(series.values()))])
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_title("paired gap over seeds, 95% CI")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -320,8 +332,8 @@ def summary(out: Path) -> None:
     for kind, values, xlabel in (("rewards", [2, 4, 6], "rewards per prompt"),
                                  ("length", [8, 16, 32], "typical response length (words)")):
         table, gaps = _sweep(out, kind, values)
-        if gaps:
-            lines += table
+        if gaps["final training reward"]:
+            lines += table + [f"![gap vs {kind}](gap-{kind}.png)", ""]
             _plot_gap(out / f"gap-{kind}.png", gaps, xlabel)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
