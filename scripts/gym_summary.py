@@ -71,7 +71,9 @@ def _gap_text(gap: dict) -> str:
     ci = gap.get("ci95") or [None, None]
     p = gap.get("p_value")
     ci_text = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if None not in ci else ""
-    return f"{gap['mean_difference']:+.3f}{ci_text}, p = {p:.2f}" if p is not None else f"{gap['mean_difference']:+.3f}{ci_text}"
+    if p is None:
+        return f"{gap['mean_difference']:+.3f}{ci_text}"
+    return f"{gap['mean_difference']:+.3f}{ci_text}, p = {p:.2g}" if p >= 0.001 else f"{gap['mean_difference']:+.3f}{ci_text}, p < 0.001"
 
 
 def _learning_table(comparison: dict, title: str) -> list[str]:
@@ -151,24 +153,29 @@ def _time_table(out: Path) -> list[str]:
 
 
 def _ablation_table(out: Path) -> list[str]:
-    """MRTPO variants (other λ, relevance kind) on the main comparison's seeds, paired with its gdpo and mrtpo."""
-    main = _load(out / "main-gym-constraints" / "comparison.json")
-    folders = sorted(out.glob("ablation-*"))
-    if main is None or not folders:
-        return []
-    lines = ["### MRTPO ablations (gym-constraints, the main comparison's seeds and settings)", "",
-             "| variant | final total reward [95% CI] | − gdpo (paired) | − mrtpo default (paired) |",
-             "|---|---:|---:|---:|", f"| mrtpo (λ = 1, js) | {_fmt(_final(main, 'mrtpo'))} | {_gap_text(_gap(main))} | — |"]
-    for folder in folders:
+    """MRTPO variants (other λ, relevance kind) on a comparison's seeds and settings, paired with that
+    comparison's gdpo and default mrtpo (main-gym-constraints, or family-<task> for another task)."""
+    rows = []
+    for folder in sorted(out.glob("ablation-*")):
         c = _load(folder / "comparison.json")
         if c is None:
             continue
+        reference_folder = out / ("main-gym-constraints" if c["task"] == "gym-constraints" else f"family-{c['task']}")
+        reference = _load(reference_folder / "comparison.json")
+        if reference is None:
+            continue
         mine = _per_seed_final(c, "mrtpo")
-        vs_gdpo = paired_comparison(mine, _per_seed_final(main, "gdpo"))
-        vs_mrtpo = paired_comparison(mine, _per_seed_final(main, "mrtpo"))
-        lines.append(f"| {folder.name.removeprefix('ablation-')} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(vs_gdpo)} | "
-                     f"{_gap_text(vs_mrtpo)} |")
-    return lines + [""]
+        vs_gdpo = paired_comparison(mine, _per_seed_final(reference, "gdpo"))
+        vs_mrtpo = paired_comparison(mine, _per_seed_final(reference, "mrtpo"))
+        variant = {k: v for k, v in json.loads((folder / "bench.json").read_text()).get("overrides", {}).items()
+                   if k != "max_steps"}
+        rows.append(f"| {c['task']} | mrtpo {', '.join(f'{k}={v}' for k, v in variant.items()) or folder.name} | "
+                    f"{_fmt(_final(c, 'mrtpo'))} | {_gap_text(vs_gdpo)} | {_gap_text(vs_mrtpo)} |")
+    if not rows:
+        return []
+    return ["### MRTPO ablations (the reference comparison's seeds and settings)", "",
+            "| task | variant | final total reward [95% CI] | − gdpo (paired) | − mrtpo λ = 1, js (paired) |",
+            "|---|---|---:|---:|---:|", *rows, ""]
 
 
 def _precision_table(out: Path) -> list[str]:
