@@ -9,9 +9,10 @@
 #
 # Stages: precision (credit precision against ground truth, every family, before learning);
 # lr (learning-rate sweep of every method on separate seeds); main (every method x SEEDS on
-# gym-constraints, each at its best rate); families (gdpo vs mrtpo vs contrast on the other
-# families); sweeps (the MRTPO - GDPO gap against response length and number of rewards);
-# summary (tables and plots into OUT).
+# gym-constraints, each at its best rate); families (gdpo vs mrtpo on the other families);
+# sweeps (the MRTPO - GDPO gap against response length and number of rewards); ablations (mrtpo
+# with lam 0.5 and with logratio relevance); equaltime (gdpo trained as long, in seconds, as
+# mrtpo's run); summary (tables and plots into OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MRTPO="${MRTPO:-.venv/bin/mrtpo}"
@@ -26,7 +27,7 @@ LR_SEEDS="${LR_SEEDS:-100,101}"
 LR_STEPS="${LR_STEPS:-80}"
 SWEEP_SEEDS="${SWEEP_SEEDS:-0,1,2}"
 SWEEP_STEPS="${SWEEP_STEPS:-100}"
-STAGES="${STAGES:-precision lr main families sweeps summary}"
+STAGES="${STAGES:-precision lr main families sweeps ablations equaltime summary}"
 if [ "${QUICK:-0}" = 1 ]; then
     OUT="${OUT%/}-quick"; METHODS=gdpo,mrtpo; SEEDS=0,1; STEPS=40; STAGES="main summary"
 fi
@@ -81,6 +82,17 @@ for stage in $STAGES; do
             learn gym-constraints "$OUT/sweep-length-$len" gdpo,mrtpo "$SWEEP_SEEDS" "$SWEEP_STEPS" \
                 "task_args={length: $len}" "max_completion_length=$((2 * len + 8))" $(lr_args gdpo,mrtpo)
         done ;;
+    ablations)
+        for v in "lam-0.5:lam=0.5" "logratio:relevance=logratio"; do
+            log "ablation ${v%%:*}"
+            # shellcheck disable=SC2046
+            learn gym-constraints "$OUT/ablation-${v%%:*}" mrtpo "$SEEDS" "$STEPS" "${v#*:}" $(lr_args mrtpo)
+        done ;;
+    equaltime)
+        steps=$(.venv/bin/python scripts/gym_summary.py equal-steps "$OUT" "$STEPS")
+        log "equal wall-clock: gdpo for $steps steps"
+        # shellcheck disable=SC2046
+        learn gym-constraints "$OUT/equal-time-gdpo" gdpo "$SEEDS" "$steps" $(lr_args gdpo) ;;
     summary)
         log "summary"
         .venv/bin/python scripts/gym_summary.py summary "$OUT" ;;

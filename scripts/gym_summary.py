@@ -2,6 +2,7 @@
 
     python scripts/gym_summary.py pick-lr runs/gym 1e-4 3e-4 1e-3   # each method's best rate -> lr.json
     python scripts/gym_summary.py summary runs/gym                   # summary.md, gap-*.png
+    python scripts/gym_summary.py equal-steps runs/gym 150           # gdpo steps as long as 150 of mrtpo
 
 The learning-rate choice uses the sweep's own seeds (never the comparison's): a method's best rate is
 the one with the highest final total reward (mean of the last steps, over the sweep's seeds).
@@ -88,6 +89,70 @@ def _learning_table(comparison: dict, title: str) -> list[str]:
     return lines + [""]
 
 
+def step_times(folder: Path, method: str) -> dict[str, float]:
+    """Median seconds per step of a method's runs (TRL's step_time and the trainer's phase times)."""
+    import statistics
+
+    values: dict[str, list[float]] = {}
+    for metrics in folder.glob(f"{method}-seed*/metrics.jsonl"):
+        for line in metrics.read_text().splitlines():
+            record = json.loads(line)
+            for key in ("step_time", "time/generation", "time/replay", "time/update"):
+                if isinstance(record.get(key), (int, float)):
+                    values.setdefault(key, []).append(record[key])
+    return {k: statistics.median(v) for k, v in values.items()}
+
+
+def equal_time_steps(out: Path, steps: int) -> int:
+    """GDPO steps that take as long as ``steps`` MRTPO steps (median step times of the main comparison)."""
+    main = out / "main-gym-constraints"
+    return round(steps * step_times(main, "mrtpo")["step_time"] / step_times(main, "gdpo")["step_time"])
+
+
+def _time_table(out: Path) -> list[str]:
+    main = out / "main-gym-constraints"
+    comparison = _load(main / "comparison.json")
+    if comparison is None:
+        return []
+    lines = ["### Step time (median seconds per step, one core each, two runs at a time)", "",
+             "| method | step | generation | replay | update | × gdpo |", "|---|---:|---:|---:|---:|---:|"]
+    reference = step_times(main, "gdpo").get("step_time")
+    for m in comparison["methods"]:
+        t = step_times(main, m)
+        ratio = f"{t['step_time'] / reference:.2f}" if reference else "—"
+        lines.append(f"| {m} | {t.get('step_time', 0):.3f} | {t.get('time/generation', 0):.3f} | "
+                     f"{t.get('time/replay', 0):.3f} | {t.get('time/update', 0):.3f} | {ratio} |")
+    equal = _load(out / "equal-time-gdpo" / "comparison.json")
+    if equal is not None:
+        steps = equal["runs"][0]["steps"] if equal["runs"] else "?"
+        gap = paired_comparison(_per_seed_final(comparison, "mrtpo"), _per_seed_final(equal, "gdpo"))
+        lines += ["", f"Equal wall-clock: gdpo trained for {steps} steps (as long as mrtpo's 150 at the median step "
+                  f"times) reaches a final total reward of {_fmt(_final(equal, 'gdpo'))}; mrtpo after 150 steps: "
+                  f"{_fmt(_final(comparison, 'mrtpo'))}; mrtpo − gdpo (paired by seed): {_gap_text(gap)}."]
+    return lines + [""]
+
+
+def _ablation_table(out: Path) -> list[str]:
+    """MRTPO variants (other λ, relevance kind) on the main comparison's seeds, paired with its gdpo and mrtpo."""
+    main = _load(out / "main-gym-constraints" / "comparison.json")
+    folders = sorted(out.glob("ablation-*"))
+    if main is None or not folders:
+        return []
+    lines = ["### MRTPO ablations (gym-constraints, the main comparison's seeds and settings)", "",
+             "| variant | final total reward [95% CI] | − gdpo (paired) | − mrtpo default (paired) |",
+             "|---|---:|---:|---:|", f"| mrtpo (λ = 1, js) | {_fmt(_final(main, 'mrtpo'))} | {_gap_text(_gap(main))} | — |"]
+    for folder in folders:
+        c = _load(folder / "comparison.json")
+        if c is None:
+            continue
+        mine = _per_seed_final(c, "mrtpo")
+        vs_gdpo = paired_comparison(mine, _per_seed_final(main, "gdpo"))
+        vs_mrtpo = paired_comparison(mine, _per_seed_final(main, "mrtpo"))
+        lines.append(f"| {folder.name.removeprefix('ablation-')} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(vs_gdpo)} | "
+                     f"{_gap_text(vs_mrtpo)} |")
+    return lines + [""]
+
+
 def _precision_table(out: Path) -> list[str]:
     lines = ["### Credit precision against ground truth (warm-started policy, before learning)", "",
              "Lift = share of a reward's weight on its ground-truth relevant tokens ÷ their share of tokens "
@@ -162,6 +227,62 @@ def _plot_gap(path: Path, gaps: list[tuple[int, dict]], xlabel: str) -> None:
     plt.close(fig)
 
 
+def _smoothed_runs(folder: Path, method: str, key: str, window: int) -> list[list[float]]:
+    """Each seed's ``key`` per step, as a trailing mean over ``window`` steps."""
+    runs = []
+    for run in sorted(folder.glob(f"{method}-seed*")):
+        values = [json.loads(line).get(key) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        values = [v for v in values if isinstance(v, (int, float))]
+        runs.append([sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
+                     for i in range(len(values))])
+    return runs
+
+
+def plot_curves(folder: Path, path: Path, window: int = 10) -> None:
+    """Total training reward (trailing mean over ``window`` steps) and held-out total reward per method:
+    mean over seeds with a Student-t 95 % band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mrtpo.bench.learn.stats import describe
+
+    comparison = _load(folder / "comparison.json")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for method in comparison["methods"]:
+        runs = _smoothed_runs(folder, method, "reward", window)
+        if not runs:
+            continue
+        steps = range(1, min(len(r) for r in runs) + 1)
+        stats = [describe([r[i - 1] for r in runs]) for i in steps]
+        line, = axes[0].plot(steps, [s["mean"] for s in stats], label=f"{method} (n={len(runs)})")
+        if len(runs) > 1:
+            axes[0].fill_between(steps, [s["ci95"][0] for s in stats], [s["ci95"][1] for s in stats],
+                                 color=line.get_color(), alpha=0.15)
+        held = {}
+        for run in sorted(folder.glob(f"{method}-seed*")):
+            for line_text in (run / "eval.jsonl").read_text().splitlines():
+                record = json.loads(line_text)
+                held.setdefault(record["step"], []).append(record["metrics"]["reward_total"])
+        xs = sorted(held)
+        hs = [describe(held[x]) for x in xs]
+        axes[1].plot(xs, [h["mean"] for h in hs], marker="o", color=line.get_color(), label=method)
+        if len(runs) > 1:
+            axes[1].fill_between(xs, [h["ci95"][0] for h in hs], [h["ci95"][1] for h in hs],
+                                 color=line.get_color(), alpha=0.15)
+    axes[0].set_title(f"training total reward ({window}-step trailing mean)")
+    axes[1].set_title("held-out total reward (greedy)")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{comparison['task']}: mean over seeds, band = 95% CI")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def summary(out: Path) -> None:
     lines = ["# Credit gym comparison", ""]
     lr = _load(out / "lr.json")
@@ -179,6 +300,10 @@ def summary(out: Path) -> None:
         comparison = _load(folder / "comparison.json")
         if comparison:
             lines += _learning_table(comparison, folder.name)
+            plot_curves(folder, out / f"curves-{folder.name}.png")
+            lines += [f"![{folder.name}](curves-{folder.name}.png)", ""]
+    lines += _ablation_table(out)
+    lines += _time_table(out)
     for kind, values, xlabel in (("rewards", [2, 4, 6], "rewards per prompt"),
                                  ("length", [8, 16, 32], "typical response length (words)")):
         table, gaps = _sweep(out, kind, values)
@@ -193,6 +318,8 @@ if __name__ == "__main__":
     command, folder = sys.argv[1], Path(sys.argv[2])
     if command == "pick-lr":
         pick_lr(folder, sys.argv[3:])
+    elif command == "equal-steps":
+        print(equal_time_steps(folder, int(sys.argv[3])))
     elif command == "summary":
         summary(folder)
     else:

@@ -229,9 +229,10 @@ def _main(ns, argv: list[str]) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     if not ns.compare_only:
-        (out / "bench.json").write_text(json.dumps({**header, "task": ns.task, "methods": methods, "seeds": seeds,
-                                                    "configs": ns.config, "overrides": overrides, "bench": settings},
-                                                   indent=1, default=str) + "\n")
+        if not ns.worker:  # the parent's command is the one to keep
+            (out / "bench.json").write_text(json.dumps({**header, "task": ns.task, "methods": methods, "seeds": seeds,
+                                                        "configs": ns.config, "overrides": overrides, "bench": settings},
+                                                       indent=1, default=str) + "\n")
         todo = [key for key, st in status.items() if st != "finished"]
         if ns.jobs > 1 and len(todo) > 1:
             _run_workers(argv, min(ns.jobs, len(todo)))
