@@ -185,10 +185,10 @@ def main() -> int:
     trainer.credit_method = recorder  # sees exactly the CreditBatch the trainer hands the credit math
     original_replay = trainer._replay
 
-    def recording_replay(inputs, out):
+    def recording_replay(inputs, out, coefficients):
         in_replay[0] = True
         try:
-            return original_replay(inputs, out)
+            return original_replay(inputs, out, coefficients)
         finally:
             in_replay[0] = False
 

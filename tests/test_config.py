@@ -82,3 +82,47 @@ def test_a_later_layer_replaces_the_generation_pair(tmp_path):
     config = load_config([saved], {"generation_batch_size": 12})
     assert config.args.generation_batch_size == 12 and config.args.steps_per_generation == 3
     assert load_config([saved]).args.generation_batch_size == 8
+
+
+AVX2 = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # an AMD EPYC of this kind
+SAPPHIRE = AVX2 | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}  # an Intel Xeon with AMX
+
+
+@pytest.mark.parametrize("flags, lora, given, dtype, line", [
+    (AVX2, True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights (bf16 matmuls are slow here)"),
+    (SAPPHIRE, True, None, "bfloat16", "CPU with AVX512_BF16/AMX_BF16: bfloat16 base weights"),
+    (AVX2 | {"avx512_bf16"}, True, None, "bfloat16", "CPU with AVX512_BF16: bfloat16 base weights"),
+    (AVX2 | {"avx512f"}, True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights"),
+    (SAPPHIRE, False, None, "float32", "CPU with AVX512_BF16/AMX_BF16: float32 weights (full fine-tuning"),
+    (frozenset(), True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights"),
+    (AVX2, True, "bfloat16", "bfloat16", "bfloat16 weights as configured (bf16 matmuls are slow here; float32"),
+    (SAPPHIRE, True, "float32", "float32", "CPU with AVX512_BF16/AMX_BF16: float32 weights as configured"),
+])
+def test_cpu_dtype_follows_the_cpus_bf16_features_and_the_user_wins(flags, lora, given, dtype, line):
+    from mrtpo.config import choose_cpu_dtype
+
+    chosen, why = choose_cpu_dtype(flags, lora, given)
+    assert chosen == dtype and line in why
+
+
+def test_cpu_flags_read_from_cpuinfo(tmp_path):
+    from mrtpo.config import cpu_flags
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 amx_bf16 avx512_bf16\n\n"
+                    "processor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(info) == {"fpu", "avx2", "amx_bf16", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+@pytest.mark.parametrize("flags, dtype", [(AVX2, "float32"), (SAPPHIRE, "bfloat16")])
+def test_load_config_chooses_the_lora_base_dtype_on_a_cpu(monkeypatch, flags, dtype):
+    import mrtpo.config as config_module
+
+    monkeypatch.setattr(config_module, "cpu_flags", lambda: flags)
+    config = load_config([], {"lora_r": 8, "use_cpu": True})
+    assert config.run.dtype == dtype and len(config.notes) == 1
+    assert config.notes[0].endswith("; activation checkpointing off (as configured)")
+    explicit = load_config([], {"lora_r": 8, "use_cpu": True, "dtype": "float16"})
+    assert explicit.run.dtype == "float16" and "float16 weights as configured" in explicit.notes[0]
+    assert load_config([], {"use_cpu": True}).run.dtype == "float32"  # full fine-tuning

@@ -195,8 +195,9 @@ def test_local_advantages_equal_rows_of_the_one_process_computation(run):
 
 def test_relevance_matches_a_one_process_replay_of_the_global_batch(tmp_path, run):
     """One process replaying all 12 completions with the initial weights gives the relevance each
-    rank computed for its 6 (the first replay precedes any update), hence the same advantages."""
-    from mrtpo.credit import CreditBatch, get_method
+    rank computed for its 6 (the first replay precedes any update), hence the same advantages; it
+    skips the same (group, reward) replays, from the same global reward coefficients."""
+    from mrtpo.credit import CreditBatch, get_method, reward_coefficients
     from mrtpo.testing import tiny_policy
     from mrtpo.trainer import MRTPOTrainer
 
@@ -208,10 +209,12 @@ def test_relevance_matches_a_one_process_replay_of_the_global_batch(tmp_path, ru
                            train_dataset=worker.build_dataset())
     assert trainer.accelerator.num_processes == 1
     model.train()  # the trainer replays in training mode
-    maps = trainer._replay(g["inputs"], {k: g[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")})
+    step0 = ranks[0]["first_step"]
+    coefficients = reward_coefficients(_rewards(step0), step0["group_size"], step0["credit_config"]["reward_weights"])
+    maps = trainer._replay(g["inputs"], {k: g[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")},
+                           coefficients)
     torch.testing.assert_close(maps["relevance"], g["relevance"], atol=1e-5, rtol=1e-4)
     assert torch.equal(maps["has_evidence"], g["has_evidence"])
-    step0 = ranks[0]["first_step"]
     batch = CreditBatch(rewards=_rewards(step0), group_size=step0["group_size"], mask=g["credit_mask"],
                         relevance=maps["relevance"], has_evidence=maps["has_evidence"])
     _check_rows_match(get_method("mrtpo")(batch, _credit_config(step0)), ranks, atol=1e-4)

@@ -8,6 +8,7 @@ thread makes these small ops many times slower.
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,14 +96,18 @@ def test_train_command_writes_the_run_folder(cli_run):
     for step in (1, 2):
         assert f"step {step}/2 | reward" in proc.stdout + proc.stderr
     assert "format" in proc.stdout + proc.stderr and "report:" in proc.stdout
+    # What it chose for this CPU, and why: full fine-tuning keeps float32 weights on any CPU.
+    assert re.search(r"^CPU with(out AVX512-BF16/AMX| [A-Z0-9_/]+): float32 weights \(full fine-tuning", proc.stdout, re.M)
 
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         for key in ("rewards/format/mean", "rewards/executes/mean", "rewards/result/mean", "time/replay",
-                    "credit/executes/relevance_mean"):
+                    "skip/zero_spread/executes", "skip/contexts_skipped"):
             assert key in r, key
+        # executes' replays run only in groups where it has a spread (a random policy rarely has one)
+        assert ("credit/executes/relevance_mean" in r) == (r["skip/zero_spread/executes"] < 1)
 
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["task"] == "sql" and saved["method"] == "mrtpo" and saved["max_steps"] == 2

@@ -21,11 +21,6 @@ def has_letter_e(completions, **kwargs):
 
 
 @evidence(lambda row: row["gold"], placement="privileged")
-def long_enough(completions, **kwargs):
-    return [float(len(completion_text(c)) >= 6) for c in completions]
-
-
-@evidence(lambda row: row["gold"], placement="privileged")
 def char_code(completions, **kwargs):
     """Varies between almost any two random completions, so every group has a spread."""
     return [float(sum(map(ord, completion_text(c))) % 7) for c in completions]
@@ -77,7 +72,7 @@ def record_batches(trainer):
 
 
 def test_mrtpo_training_step_end_to_end(tmp_path):
-    trainer = make_trainer(tmp_path, [has_letter_e, long_enough, plain_length])
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length])
     seen = record_batches(trainer)
     trainer.train()
     assert len(seen) == 2
@@ -93,12 +88,16 @@ def test_mrtpo_training_step_end_to_end(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*lines)
     for key in ("loss", "time/generation", "time/scoring", "time/replay", "time/update",
-                "credit/has_letter_e/top10_share", "credit/long_enough/weight_entropy",
-                "credit/has_letter_e/relevance_mean", "credit/top10_overlap/has_letter_e~long_enough",
-                "rewards/has_letter_e/mean"):
+                "credit/char_code/top10_share", "credit/char_code/weight_entropy",
+                "credit/char_code/relevance_mean", "credit/top10_overlap/char_code~plain_length",
+                "rewards/has_letter_e/mean", "skip/zero_spread/has_letter_e", "skip/contexts_skipped"):
         assert key in keys, key
+    # The random policy never writes an "e": that reward has no spread, its replays are skipped and it
+    # gives no credit to describe.
+    assert all(x["skip/zero_spread/has_letter_e"] == 1.0 for x in lines if "skip/zero_spread/has_letter_e" in x)
+    assert "credit/has_letter_e/top10_share" not in keys
     samples = [json.loads(x) for x in (tmp_path / "credit_samples.jsonl").read_text().splitlines()]
-    assert samples and set(samples[0]["weights"]) == {"has_letter_e", "long_enough", "plain_length"}
+    assert samples and set(samples[0]["weights"]) == {"has_letter_e", "char_code", "plain_length"}
     first = samples[0]
     assert len(first["tokens"]) == len(first["advantage"]) == len(first["weights"]["plain_length"])
     assert all(w == 1.0 for w in first["weights"]["plain_length"])  # no evidence: uniform
@@ -165,21 +164,30 @@ def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch):
     from mrtpo.replay import replay_completion
     from mrtpo.verifiers import Example
 
-    trainer = make_trainer(tmp_path, [has_letter_e, long_enough, plain_length], max_steps=1,
-                           replay_micro_batch=micro_batch)
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], max_steps=1,
+                           replay_micro_batch=micro_batch, credit_samples=4)
+    seen = record_batches(trainer)
     trainer.train()
-    # 2 groups of 2 completions, 3 contexts: prefix + 2 per context = 7 calls a pass
-    assert trainer.replay_forward_calls == 2 * 7 * (1 if micro_batch is None else 2)
-    sample = json.loads((tmp_path / "credit_samples.jsonl").read_text().splitlines()[0])
-    row = next(r for r in dataset() if r["example_id"] == sample["example_id"])
+    # Groups of 2 completions; has_letter_e has no spread (never replayed), char_code has in most groups:
+    # the base and char_code's contexts, prefix + 2 per context = 5 calls a pass.
+    spread = (seen[0]["rewards"][:, 1].view(-1, 2).std(1) > 0).repeat_interleave(2)  # (B,) per completion
+    assert spread.any() and trainer.replay_forward_calls == spread.sum().item() // 2 * 5 * (1 if micro_batch is None else 2)
+    samples = [json.loads(x) for x in (tmp_path / "credit_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and not any(any(s["relevance"]["has_letter_e"]) for s in samples)
     model, tok = tiny_policy(seed=0)  # the weights the first batch was replayed with
-    ids = sample["token_ids"]
-    assert len(ids) == len(sample["tokens"]) > 0
-    example = Example(id=row["example_id"], split="train", messages=row["prompt"])
-    result = replay_completion(model, tok, example, torch.tensor(ids),
-                               [has_letter_e.mrtpo_evidence.resolve(row), long_enough.mrtpo_evidence.resolve(row), None])
-    for k, name in enumerate(["has_letter_e", "long_enough"]):
-        torch.testing.assert_close(result.relevance[k], torch.tensor(sample["relevance"][name]), atol=1e-4, rtol=1e-3)
+    for j, sample in enumerate(samples):
+        if not spread[j]:  # a group without spread in char_code: not replayed
+            assert not any(sample["relevance"]["char_code"])
+            continue
+        row = next(r for r in dataset() if r["example_id"] == sample["example_id"])
+        ids = sample["token_ids"]
+        assert len(ids) == len(sample["tokens"]) > 0
+        example = Example(id=row["example_id"], split="train", messages=row["prompt"])
+        result = replay_completion(model, tok, example, torch.tensor(ids),
+                                   [None, char_code.mrtpo_evidence.resolve(row), None])
+        assert result.relevance[1].max() > 0
+        torch.testing.assert_close(result.relevance[1], torch.tensor(sample["relevance"]["char_code"]),
+                                   atol=1e-4, rtol=1e-3)
 
 
 def unscorable(example_id, text):

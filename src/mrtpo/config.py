@@ -31,12 +31,15 @@ CONFIG_NAME = "config.yaml"
 KEYS_HINT = "the full list: `mrtpo train --list-keys` (or docs/training.md)"
 
 __all__ = [
+    "BF16_CPU_FLAGS",
     "CONFIG_NAME",
     "TASK_NAMES",
     "TRAIN_DEFAULTS",
     "ConfigError",
     "RunConfig",
     "RunSettings",
+    "choose_cpu_dtype",
+    "cpu_flags",
     "load_config",
     "parse_overrides",
     "read_yaml",
@@ -61,7 +64,7 @@ class RunSettings:
     model: str = "qwen2.5-coder-0.5b"
     """preset name, local model folder, .gguf file or hub id (anything mrtpo.models.load_policy takes)"""
     dtype: str = "float32"
-    """dtype the weights are loaded in: float32 (trainable; bf16=true then means mixed precision) or bfloat16"""
+    """dtype the weights are loaded in: float32 (trainable; bf16=true then means mixed precision) or bfloat16 (unset on a CPU: chosen by its bf16 features)"""
     train_size: int | None = None
     """train examples used: the first N of the task's train split (None: all of it)"""
     eval_size: int = 0
@@ -109,6 +112,40 @@ def _cpu_defaults() -> dict[str, Any]:
     if torch.cuda.is_available():
         return {}
     return {"use_cpu": True, "bf16": False, "activation_checkpointing": False}
+
+
+#: ``/proc/cpuinfo`` flags of native bf16 matrix instructions; without one, bf16 matmuls take slow paths.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags (the first ``flags`` line of ``cpuinfo``; empty where there is none)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def choose_cpu_dtype(flags: frozenset[str], lora: bool, given: str | None = None) -> tuple[str, str]:
+    """``(dtype, one line saying why)`` for a CPU run with these feature ``flags``.
+
+    bf16 only pays for frozen base weights (``lora``) on a CPU with native bf16 matmuls
+    (:data:`BF16_CPU_FLAGS`); trainable weights stay float32. ``given``: the user's own dtype, which wins.
+    """
+    fast = [f for f in BF16_CPU_FLAGS if f in flags]
+    cpu = f"CPU with {'/'.join(fast).upper()}" if fast else "CPU without AVX512-BF16/AMX"
+    if given is not None:
+        slow = " (bf16 matmuls are slow here; float32 would be faster)" if given == "bfloat16" and not fast else ""
+        return given, f"{cpu}: {given} weights as configured{slow}"
+    if not lora:
+        return "float32", f"{cpu}: float32 weights (full fine-tuning trains them; bf16 weights would lose the updates)"
+    if fast:
+        return "bfloat16", f"{cpu}: bfloat16 base weights (native bf16 matmuls; the LoRA adapters train in float32)"
+    return "float32", f"{cpu}: float32 weights (bf16 matmuls are slow here)"
 
 
 #: Deprecated transformers names accepted in configs and stored under the new name.
@@ -209,6 +246,7 @@ class RunConfig:
     run: RunSettings
     args: Any  # MRTPOConfig
     explicit: dict[str, str] = field(default_factory=dict)  # key -> where it was set
+    notes: list[str] = field(default_factory=list)  # what was chosen for this machine, and why (printed by train)
 
     def to_flat(self) -> dict[str, Any]:
         """Every setting as one flat mapping, as ``config.yaml`` stores it (round-trips via --config)."""
@@ -329,6 +367,12 @@ def load_config(
             merged[key] = _coerce(key, value, tp, source)
             explicit[key] = source
 
+    notes = []
+    if merged.get("use_cpu"):
+        given = merged["dtype"] if "dtype" in explicit else None
+        merged["dtype"], why = choose_cpu_dtype(cpu_flags(), int(merged.get("lora_r") or 0) > 0, given)
+        checkpointing = "on" if merged.get("activation_checkpointing") else "off"
+        notes.append(f"{why}; activation checkpointing {checkpointing} (as configured)")
     run_kwargs = {k: v for k, v in merged.items() if k in run_names}
     trainer_kwargs = {k: v for k, v in merged.items() if k not in run_names}
     run = RunSettings(**run_kwargs)
@@ -352,7 +396,7 @@ def load_config(
         args = MRTPOConfig(**trainer_kwargs)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid trainer settings: {exc}") from None
-    return RunConfig(run=run, args=args, explicit=explicit)
+    return RunConfig(run=run, args=args, explicit=explicit, notes=notes)
 
 
 def _validate_run(run: RunSettings) -> None:

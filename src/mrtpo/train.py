@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mrtpo train · task {run.task} · method {args.method} · model {run.model} ({mode}) · "
               f"{args.max_steps} steps × {args.generation_batch_size // args.num_generations} prompts × "
               f"{args.num_generations} completions · output {out}", flush=True)
+        for note in config.notes:
+            print(note, flush=True)
     from mrtpo.models import ModelLoadError
 
     try:

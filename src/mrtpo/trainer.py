@@ -10,6 +10,12 @@ differs from GRPOTrainer, and nothing else:
    Group and batch statistics come from the gathered global rewards; each process replays only
    its own completions (a group's shared prompt encoded once per context, its KV cache reused),
    then pads its forward-call count to the global maximum so all ranks stay in lockstep.
+   Work that cannot move the policy is skipped, decided per reward: a reward's counterfactual is
+   not replayed for a group where its coefficient ``ω_k Â[j,k]`` is 0 for every member (zero
+   spread, fewer than two valid values), and a group with nothing left to replay is not replayed.
+   Under ``dapo`` / ``cispo`` without KL or entropy terms the update also leaves out completions
+   whose advantage is 0 at every token (their loss and gradient are 0; the normaliser is global);
+   TRL's update metrics (entropy, clip ratios) then cover the rows it ran.
 3. TRL's off-policy sequence mask (``off_policy_mask_threshold``) keeps or drops a sequence by the
    sign of its *sequence* advantage (carried next to the ``(B, T)`` advantages), never token by
    token; TRL's completions table logs each completion's trained advantage (its token mean).
@@ -41,6 +47,8 @@ from mrtpo.credit import (
     CreditConfig,
     available_methods,
     get_method,
+    group_normalize,
+    reward_coefficients,
 )
 from mrtpo.replay import (
     DEFAULT_PRIVILEGED_HEADER,
@@ -60,6 +68,20 @@ SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
 TRL_AGGREGATION = {"grpo": "sum_then_normalize", "gdpo": "normalize_then_sum"}
 #: Key of the ``(B,)`` sequence advantages in the batches handed to TRL's loss.
 SEQUENCE_ADVANTAGES_KEY = "mrtpo_sequence_advantages"
+#: Key of the ``(B,)`` bool marking completions whose advantage is zero at every token (they cannot
+#: move the policy; the update leaves them out where that is exact: :meth:`MRTPOTrainer._skips_zero_rows`).
+ZERO_ADVANTAGE_KEY = "mrtpo_zero_advantage"
+#: TRL loss types whose normaliser does not depend on the rows in the micro-batch: ``num_items_in_batch``,
+#: the global token count of the generation batch, computed before the split. Dropping rows whose
+#: per-token loss is 0 then leaves the loss and its gradient unchanged.
+GLOBAL_NORMALISER_LOSSES = ("dapo", "cispo")
+#: Every per-row key of a text-only batch from TRL's ``_generate_and_score_completions`` (and ours);
+#: a batch with any other key (images, ...) is never split by row.
+ROW_KEYS = frozenset({
+    "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
+    "sampling_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio", "tool_mask",
+    SEQUENCE_ADVANTAGES_KEY, ZERO_ADVANTAGE_KEY,
+})
 
 
 @dataclass
@@ -162,6 +184,18 @@ def _replay_forward_calls(contexts: list[list[int]], length: int) -> int:
     return (1 if prefix > 0 else 0) + len(contexts) * (2 if length > 1 else 1)
 
 
+def _rows_that_move(inputs: dict[str, Any], zero: Tensor) -> dict[str, Any]:
+    """The micro-batch without its zero-advantage rows (``zero`` ``(B,)`` bool), keeping at least
+    one row: every process still makes its forward and backward (DDP's gradient all-reduce, ZeRO-3 /
+    FSDP parameter gathers). ``num_items_in_batch`` is kept, so the DAPO / CISPO normaliser is unchanged."""
+    keep = ~zero
+    if not keep.any():
+        keep = torch.zeros_like(zero)
+        keep[0] = True
+    return {key: value[keep] if key != "num_items_in_batch" and torch.is_tensor(value) else value
+            for key, value in inputs.items()}
+
+
 def _top_share_and_set(weights: Tensor, length: int) -> tuple[float, set[int]]:
     """Share of a response's total weight on its top 10 % of tokens, and those token positions."""
     top = max(1, math.ceil(0.1 * length))
@@ -202,8 +236,21 @@ class MRTPOTrainer(GRPOTrainer):
         if self.credit_method.needs in ("per_reward", "joint"):
             self._check_evidence(self.train_dataset)
         self._last_rewards: Tensor | None = None
+        self._update_skips_zero_rows = self._skips_zero_rows()
         self._timing = {"generation": 0.0, "scoring": 0.0, "replay": 0.0}
         self.add_callback(MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl"))
+
+    def _skips_zero_rows(self) -> bool:
+        """Whether the update may leave out completions whose advantage is 0 at every token.
+
+        Exact only when such a row adds exactly nothing to the loss and its gradient: its policy term
+        is ``−min(r·0, clip(r)·0) = 0`` under every token-level loss, but a KL term (``beta``), an
+        entropy bonus, the entropy quantile mask (a quantile over the micro-batch's tokens) or a
+        router aux loss depend on the rows present, and so does the normaliser of every loss type but
+        :data:`GLOBAL_NORMALISER_LOSSES`.
+        """
+        return (self.loss_type in GLOBAL_NORMALISER_LOSSES and self.beta == 0.0 and not self._entropy_bonus_enabled
+                and self.top_entropy_quantile == 1.0 and not self.aux_loss_enabled)
 
     def _check_evidence(self, dataset: Any) -> None:
         """Build every row's counterfactual prompts once, before training.
@@ -268,25 +315,43 @@ class MRTPOTrainer(GRPOTrainer):
         return counterfactual_text(prompt, evidences, self._render, self.args.privileged_header,
                                    verifiers=names, example_id=example_id)
 
-    def _contexts(self, row: dict, base_ids: list[int], evidences: list[Evidence | None]) -> list[list[int]]:
-        """Token ids of the contexts the method replays: the original prompt, then its counterfactuals."""
+    def _contexts(self, row: dict, base_ids: list[int], evidences: list[Evidence | None],
+                  active: Tensor) -> tuple[list[list[int]], list[tuple[int, Evidence]], int]:
+        """Token ids of the contexts the method replays for one group: the original prompt, then the
+        counterfactuals it needs; ``[]`` when the group needs no replay.
+
+        ``active`` ``(K,)`` bool: rewards with a non-zero coefficient for some of the group's
+        completions (:func:`mrtpo.credit.reward_coefficients`). ``per_reward`` replays a reward's
+        counterfactual only where that reward is active; ``joint`` / ``entropy`` need their one map
+        where any reward is. Returns ``(contexts, replayed (reward index, evidence) pairs, counterfactual
+        contexts skipped)``.
+        """
         prompt, example_id = row["prompt"], str(row.get("example_id", "?"))
         present = [(i, ev) for i, ev in enumerate(evidences) if ev is not None]
-        contexts = [base_ids]
-        if self.credit_method.needs == "per_reward":
-            for i, ev in present:
-                text = self._counterfactual(prompt, [ev], [self.reward_func_names[i]], example_id)
-                contexts.append(self._tokenize(prompt, text))
-        elif self.credit_method.needs == "joint" and present:
+        needs = self.credit_method.needs
+        if needs == "per_reward":
+            replayed = [(i, ev) for i, ev in present if active[i]]
+            contexts = [base_ids] + [
+                self._tokenize(prompt, self._counterfactual(prompt, [ev], [self.reward_func_names[i]], example_id))
+                for i, ev in replayed]
+            return (contexts if replayed else []), replayed, len(present) - len(replayed)
+        if needs == "joint" and present:
+            if not active.any():
+                return [], [], 1
             names = [self.reward_func_names[i] for i, _ in present]
-            contexts.append(self._tokenize(prompt, self._counterfactual(prompt, [ev for _, ev in present], names, example_id)))
-        return contexts
+            joint = self._counterfactual(prompt, [ev for _, ev in present], names, example_id)
+            return [base_ids, self._tokenize(prompt, joint)], present, 0
+        if needs == "entropy" and active.any():
+            return [base_ids], [], 0
+        return [], [], 0
 
-    def _replay(self, inputs: list[dict], out: dict) -> dict[str, Tensor | None]:
+    def _replay(self, inputs: list[dict], out: dict, coefficients: Tensor | None = None) -> dict[str, Tensor | None]:
         """Relevance maps for this process's completions, as the credit method needs them.
 
         Completions of the same prompt are replayed together (:func:`group_relevance`): each
         context's prompt is encoded once per group, its KV cache shared by the group's completions.
+        ``coefficients`` ``(B, K)``: each completion's reward coefficients ``ω_k Â[j,k]``; a map that
+        only multiplies zero coefficients is not computed (``None``: compute every map).
         Every rank first plans its groups and agrees with the others on the maximum number of
         forward calls, then replays and pads with dummy calls up to it, so sharded models
         (FSDP, ZeRO-3) and DDP stay in lockstep.
@@ -294,11 +359,11 @@ class MRTPOTrainer(GRPOTrainer):
         was_training = self.model.training
         self.model.eval()  # dropout off: the two contexts must differ only by the evidence
         try:
-            return self._replay_eval_mode(inputs, out)
+            return self._replay_eval_mode(inputs, out, coefficients)
         finally:
             self.model.train(was_training)
 
-    def _replay_eval_mode(self, inputs: list[dict], out: dict) -> dict[str, Tensor | None]:
+    def _replay_eval_mode(self, inputs: list[dict], out: dict, coefficients: Tensor | None) -> dict[str, Tensor | None]:
         needs = self.credit_method.needs
         b, t_max = out["completion_ids"].shape
         k = len(self.reward_funcs)
@@ -306,6 +371,8 @@ class MRTPOTrainer(GRPOTrainer):
         joint = torch.zeros(b, t_max) if needs == "joint" else None
         ent = torch.zeros(b, t_max) if needs == "entropy" else None
         has_evidence = torch.zeros(b, k, dtype=torch.bool)
+        skipped = torch.zeros(b, k, dtype=torch.bool)  # a map the method uses, not computed (zero coefficient)
+        nonzero = torch.ones(b, k, dtype=torch.bool) if coefficients is None else coefficients.cpu() != 0
         lengths = out["completion_mask"].sum(-1).long().cpu()
         chunk, top_k, kind, temperature = (self.args.relevance_chunk_size, self.args.relevance_top_k,
                                            self.args.relevance, self.temperature)
@@ -314,32 +381,39 @@ class MRTPOTrainer(GRPOTrainer):
             base_ids = tuple(out["prompt_ids"][j][out["prompt_mask"][j].bool()].tolist())
             groups.setdefault((str(row.get("example_id", j)), base_ids), []).append(j)
         plan = []  # contexts of every group first: the forward-call count is agreed before any call
+        contexts_skipped = 0
         for (_, base_ids), members in groups.items():
             row = inputs[members[0]]
             evidences = [evidence_for(f, row) if has else None for f, has in zip(self.reward_funcs, self._with_evidence)]
-            present = [(i, ev) for i, ev in enumerate(evidences) if ev is not None]
-            contexts = self._contexts(row, list(base_ids), evidences)
             idx = torch.tensor(members)
+            active = nonzero[idx].any(0)
+            contexts, replayed, dropped = self._contexts(row, list(base_ids), evidences, active)
+            contexts_skipped += dropped
+            if needs == "per_reward":
+                inactive = [i for i, ev in enumerate(evidences) if ev is not None and not active[i]]
+                skipped[idx.unsqueeze(1), torch.tensor(inactive, dtype=torch.long)] = True
+            elif not contexts and (needs == "entropy" or any(ev is not None for ev in evidences)):
+                skipped[idx] = True
             n = int(lengths[idx].max().item())
-            if n > 0:
-                plan.append((present, contexts, idx, n))
+            if contexts and n > 0:
+                plan.append((replayed, contexts, idx, n))
         micro_batch = self.args.replay_micro_batch
         planned = sum(_replay_forward_calls(contexts, n) * replay_passes(len(idx), micro_batch)
                       for _, contexts, idx, n in plan)
         target = self._agree_forward_calls(planned)
         counter = ForwardCounter()
-        for present, contexts, idx, n in plan:
+        for replayed, contexts, idx, n in plan:
             completions = out["completion_ids"][idx, :n].cpu()
-            placements = [ev.placement for _, ev in present] if needs == "per_reward" else ["in_prompt"] * (len(contexts) - 1)
+            placements = [ev.placement for _, ev in replayed] if needs == "per_reward" else ["in_prompt"] * (len(contexts) - 1)
             group = group_relevance(self.model, contexts, placements, completions, lengths[idx], kind=kind,
                                     temperature=temperature, chunk_size=chunk, top_k=top_k,
                                     with_entropy=needs == "entropy", micro_batch=micro_batch, counter=counter)
             if needs == "entropy":
                 ent[idx, :n] = group.entropy
-            elif needs == "joint" and len(contexts) > 1:
+            elif needs == "joint":
                 joint[idx, :n] = group.maps[0]
-            elif needs == "per_reward":
-                for c_idx, (reward_index, _) in enumerate(present):
+            else:
+                for c_idx, (reward_index, _) in enumerate(replayed):
                     per_reward[idx, reward_index, :n] = group.maps[c_idx]
                     has_evidence[idx, reward_index] = True
         if counter.calls != planned:
@@ -347,7 +421,14 @@ class MRTPOTrainer(GRPOTrainer):
                                "_replay_forward_calls no longer matches mrtpo.replay.group_context_logits")
         self._pad_forward_calls(target - counter.calls)
         self.replay_forward_calls = target
-        return {"relevance": per_reward, "joint": joint, "entropy": ent, "has_evidence": has_evidence}
+        replayed_rows = sum(len(idx) for _, _, idx, _ in plan)
+        self._replay_counts = {
+            "completions_replayed": replayed_rows, "completions_skipped": b - replayed_rows,
+            "contexts_replayed": sum(len(contexts) - 1 for _, contexts, _, _ in plan),
+            "contexts_skipped": contexts_skipped,
+        }
+        return {"relevance": per_reward, "joint": joint, "entropy": ent, "has_evidence": has_evidence,
+                "skipped": skipped}
 
     def _agree_forward_calls(self, calls: int) -> int:
         """The maximum over ranks of the replay forward calls each rank will make.
@@ -379,8 +460,9 @@ class MRTPOTrainer(GRPOTrainer):
         b = mask.shape[0]
         rows = slice(self.accelerator.process_index * b, (self.accelerator.process_index + 1) * b)
 
+        coefficients = reward_coefficients(self._last_rewards, self.num_generations, self.credit_config.reward_weights)
         start = time.perf_counter()
-        maps = self._replay(inputs, out) if self.credit_method.needs != "none" else {}
+        maps = self._replay(inputs, out, coefficients[rows]) if self.credit_method.needs != "none" else {}
         self._timing["replay"] += time.perf_counter() - start
 
         batch = CreditBatch(
@@ -392,10 +474,50 @@ class MRTPOTrainer(GRPOTrainer):
         self._trl_advantages = out["advantages"].detach().cpu()  # TRL's own (B,), kept for comparison
         out["advantages"] = advantages.to(device)
         # Travels with the rows through TRL's shuffle and split: the off-policy mask's per-sequence sign.
-        out[SEQUENCE_ADVANTAGES_KEY] = self.credit_method.sequence_advantages(batch, self.credit_config).to(device)
+        sequence = self.credit_method.sequence_advantages(batch, self.credit_config)
+        out[SEQUENCE_ADVANTAGES_KEY] = sequence.to(device)
+        zero_rows = None
+        if self._update_skips_zero_rows:
+            zero_rows = self._zero_advantage_rows(coefficients[rows], sequence, mask)
+            out[ZERO_ADVANTAGE_KEY] = zero_rows.to(device)
+        self._log_skips(maps, zero_rows)
         self._log_trained_advantages(advantages, mask)
         self._log_credit(inputs, out, batch, maps, advantages)
         return out
+
+    def _zero_advantage_rows(self, coefficients: Tensor, sequence: Tensor, mask: Tensor) -> Tensor:
+        """``(B,)`` bool: completions whose advantage is 0 at every token, whatever the token weights.
+
+        ``coefficients`` ``(B, K)`` (``ω_k Â[j,k]``), ``sequence`` ``(B,)`` the method's sequence
+        advantages, ``mask`` ``(B, T)``. GRPO: the (uniform) sequence advantage is 0. The GDPO family:
+        every reward's coefficient is 0, so ``A[j,t] = −μ/σ``, and ``μ`` (the batch mean of
+        ``S[j] = Σ_k ω_k Â[j,k]``) is 0 because each group's ``Â[·,k]`` sum to 0: the advantage is 0
+        up to float rounding (|A| below 1e-15).
+        """
+        if self.credit_method.sequence == "grpo":
+            zero = sequence == 0
+        else:
+            zero = (coefficients == 0).all(1)
+        return zero.cpu() | (mask.sum(1) == 0)
+
+    def _log_skips(self, maps: dict, zero_rows: Tensor | None) -> None:
+        """Per step: each reward's share of groups with zero spread (from the gathered rewards), and,
+        summed over processes, the completions and counterfactual contexts replayed and skipped and
+        the completions the update leaves out (``zero_rows``, this process's ``(B,)`` bool)."""
+        k = self._last_rewards.shape[1]
+        group_adv = group_normalize(self._last_rewards, self.num_generations).view(-1, self.num_generations, k)
+        zero_spread = (group_adv == 0).all(1).double().mean(0)
+        for name, share in zip(self.reward_func_names, zero_spread.tolist()):
+            self._metrics["train"][f"skip/zero_spread/{name}"].append(share)
+        counts = dict(self._replay_counts) if maps else {}
+        if zero_rows is not None:
+            counts["update_completions_skipped"] = int(zero_rows.sum())
+        if not counts:
+            return
+        local = torch.tensor(list(counts.values()), dtype=torch.float64, device=self.accelerator.device)
+        summed = self.accelerator.gather(local).view(-1, len(counts)).sum(0).cpu().tolist()
+        for key, value in zip(counts, summed):
+            self._metrics["train"][f"skip/{key}"].append(value)
 
     def _log_trained_advantages(self, advantages: Tensor, mask: Tensor) -> None:
         """Put each completion's trained advantage (the mean over its tokens, ``(B, T)`` → ``(B,)``,
@@ -409,6 +531,9 @@ class MRTPOTrainer(GRPOTrainer):
 
     # --- TRL's off-policy sequence mask, per sequence -------------------------------------------
     def _compute_loss(self, model, inputs):
+        zero = inputs.get(ZERO_ADVANTAGE_KEY)
+        if zero is not None and bool(zero.any()) and set(inputs) <= ROW_KEYS | {"num_items_in_batch"}:
+            inputs = _rows_that_move(inputs, zero)
         self._loss_sequence_advantages = inputs.get(SEQUENCE_ADVANTAGES_KEY)
         try:
             return super()._compute_loss(model, inputs)
@@ -431,6 +556,9 @@ class MRTPOTrainer(GRPOTrainer):
     def _log_credit(self, inputs, out, batch: CreditBatch, maps: dict, advantages: Tensor) -> None:
         """Per-reward credit metrics over the global batch, and a few completions' token weights.
 
+        A (completion, reward) whose map was not computed (its coefficient is 0) is left out of that
+        reward's metrics: its uniform weights say nothing about where credit went.
+
         Each rank sums its completions' values; one gather of the ``(sum, count)`` pairs (same keys
         in the same order on every rank) turns them into global means.
         """
@@ -445,11 +573,15 @@ class MRTPOTrainer(GRPOTrainer):
             totals[key][0] += value
             totals[key][1] += 1
 
+        skipped = maps.get("skipped")
         for j, n in enumerate(lengths):
             if n == 0:
                 continue
             tops = []
             for i, name in enumerate(names):
+                if skipped is not None and skipped[j, i]:  # a zero coefficient: this reward gives j no credit
+                    tops.append(None)
+                    continue
                 w = weights[j, i, :n]
                 share, top = _top_share_and_set(w, n)
                 tops.append(top)
@@ -461,7 +593,9 @@ class MRTPOTrainer(GRPOTrainer):
                     add(f"credit/{name}/relevance_mean", float(maps["relevance"][j, i, :n].mean()))
             for a in range(len(names)):
                 for c in range(a + 1, len(names)):
-                    add(f"credit/top10_overlap/{names[a]}~{names[c]}", len(tops[a] & tops[c]) / len(tops[a] | tops[c]))
+                    if tops[a] is not None and tops[c] is not None:
+                        add(f"credit/top10_overlap/{names[a]}~{names[c]}",
+                            len(tops[a] & tops[c]) / len(tops[a] | tops[c]))
         local = torch.tensor([totals[key] for key in keys], dtype=torch.float64, device=self.accelerator.device)
         summed = self.accelerator.gather(local).view(-1, len(keys), 2).sum(0).cpu()
         for key, (total, count) in zip(keys, summed.tolist()):
@@ -491,5 +625,5 @@ class MRTPOTrainer(GRPOTrainer):
                 f.write(json.dumps(record) + "\n")
 
 
-__all__ = ["SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES", "TRL_AGGREGATION", "MRTPOConfig", "MRTPOTrainer",
-           "MetricsJSONL"]
+__all__ = ["GLOBAL_NORMALISER_LOSSES", "SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES", "TRL_AGGREGATION",
+           "ZERO_ADVANTAGE_KEY", "MRTPOConfig", "MRTPOTrainer", "MetricsJSONL"]

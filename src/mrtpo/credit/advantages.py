@@ -89,6 +89,15 @@ def weighted_reward_sum(group_adv: Tensor, reward_weights=None) -> Tensor:
     return torch.nan_to_num(group_adv.to(torch.float64), nan=0.0) @ weights
 
 
+def reward_coefficients(rewards: Tensor, group_size: int, reward_weights=None) -> Tensor:
+    """``ω_k Â[j,k]`` ``(N, K)`` float64, NaN → 0: reward ``k``'s coefficient in completion ``j``'s
+    token advantages (step 6). Where it is 0, reward ``k``'s token weights cannot change ``j``'s
+    advantages, so its relevance need not be computed."""
+    group_adv = group_normalize(rewards, group_size)
+    omega = _reward_weight_vector(reward_weights, group_adv.shape[1], group_adv)
+    return torch.nan_to_num(group_adv, nan=0.0) * omega
+
+
 def batch_statistics(scores: Tensor) -> tuple[Tensor, Tensor]:
     """Mean and unbiased std of ``S`` ``(N,)`` over the whole (global) batch, NaN rows left out
     (unscorable completions); std is 0 below two rows."""
@@ -164,9 +173,7 @@ def token_advantages(
     these rows of it (this process's share): group and batch statistics stay global.
     Unscorable rows get 0 at every token.
     """
-    group_adv = group_normalize(rewards, group_size)
-    omega = _reward_weight_vector(reward_weights, group_adv.shape[1], group_adv)
-    coeff = torch.nan_to_num(group_adv, nan=0.0) * omega  # (N_global, K)
+    coeff = reward_coefficients(rewards, group_size, reward_weights)  # (N_global, K)
     scorable = scorable_rows(rewards)
     if batch_norm and batch_stats is None:
         batch_stats = batch_statistics(_scores(rewards, group_size, reward_weights))
@@ -194,6 +201,7 @@ __all__ = [
     "gdpo_advantages",
     "group_normalize",
     "grpo_advantages",
+    "reward_coefficients",
     "scorable_rows",
     "token_advantages",
     "weighted_reward_sum",
