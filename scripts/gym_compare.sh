@@ -3,7 +3,7 @@
 # (finished runs are skipped), so a cut-off run continues where it stopped when started again.
 #
 #   bash scripts/gym_compare.sh              # full comparison on this CPU (2 worker processes)
-#   QUICK=1 bash scripts/gym_compare.sh      # gdpo vs mrtpo, 2 seeds x 40 steps: a few minutes
+#   QUICK=1 bash scripts/gym_compare.sh      # gdpo vs mrtpo, 2 seeds x 40 steps: ~1 min (warm start cached)
 #   DEVICE=cuda JOBS=4 bash scripts/gym_compare.sh   # on one GPU (not yet run: no GPU here)
 #   STAGES="precision lr main" bash scripts/gym_compare.sh   # some stages only
 #
