@@ -126,3 +126,12 @@ def test_load_config_chooses_the_lora_base_dtype_on_a_cpu(monkeypatch, flags, dt
     explicit = load_config([], {"lora_r": 8, "use_cpu": True, "dtype": "float16"})
     assert explicit.run.dtype == "float16" and "float16 weights as configured" in explicit.notes[0]
     assert load_config([], {"use_cpu": True}).run.dtype == "float32"  # full fine-tuning
+
+
+def test_yaml_no_and_yes_stay_words_for_string_settings():
+    """YAML reads `save_strategy=no` as false; a string setting gets the word back, a bool stays a bool."""
+    from mrtpo.config import parse_overrides
+
+    config = load_config([], parse_overrides(["save_strategy=no", "eval_strategy=no", "report=no"]))
+    assert config.args.save_strategy == "no" and config.args.eval_strategy == "no"
+    assert config.run.report is False
