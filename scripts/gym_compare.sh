@@ -76,6 +76,12 @@ for stage in $STAGES; do
             learn gym-constraints "$OUT/sweep-rewards-$n" gdpo,mrtpo "$SWEEP_SEEDS" "$SWEEP_STEPS" \
                 "task_args={num_clauses: $n}" $(lr_args gdpo,mrtpo)
         done
+        for n in 2 6; do  # the longer sweep: 3 rewards is the main comparison itself
+            log "sweep: $n rewards, $STEPS steps, seeds $SEEDS"
+            # shellcheck disable=SC2046
+            learn gym-constraints "$OUT/sweep150-rewards-$n" gdpo,mrtpo "$SEEDS" "$STEPS" \
+                "task_args={num_clauses: $n}" $(lr_args gdpo,mrtpo)
+        done
         for len in 8 16 32; do
             log "sweep: length $len"
             # shellcheck disable=SC2046

@@ -205,13 +205,19 @@ def _precision_table(out: Path) -> list[str]:
     return lines + [""]
 
 
-def _sweep(out: Path, kind: str, values: list[int]) -> tuple[list[str], list[tuple[int, dict]]]:
+def _sweep(out: Path, kind: str, values: list[int], prefix: str = "sweep") -> tuple[list[str], dict]:
+    """The gdpo/mrtpo gap at each swept value (folders ``<prefix>-<kind>-<value>``; with prefix
+    ``sweep150`` the 3-reward point is the main comparison, which has the same settings)."""
     points = []
     for v in values:
-        comparison = _load(out / f"sweep-{kind}-{v}" / "comparison.json")
+        folder = out / f"{prefix}-{kind}-{v}"
+        if prefix == "sweep150" and kind == "rewards" and v == 3:
+            folder = out / "main-gym-constraints"
+        comparison = _load(folder / "comparison.json")
         if comparison is not None:
             points.append((v, comparison))
     label = {"rewards": "rewards (clauses per prompt)", "length": "typical response length (words)"}[kind]
+    label += ", 150 steps, 5 seeds" if prefix == "sweep150" else ", 100 steps, 3 seeds"
     lines = [f"### Sweep: {label}", "", f"| {kind} | gdpo final reward | mrtpo final reward | mrtpo − gdpo (paired) | "
              "per reward: mrtpo − gdpo | held-out total: mrtpo − gdpo (paired) |", "|---:|---:|---:|---:|---:|---:|"]
     gaps, held_gaps = [], []
@@ -336,12 +342,14 @@ def summary(out: Path) -> None:
             lines += [f"![{folder.name}](curves-{folder.name}.png)", ""]
     lines += _ablation_table(out)
     lines += _time_table(out)
-    for kind, values, xlabel in (("rewards", [2, 4, 6], "rewards per prompt"),
-                                 ("length", [8, 16, 32], "typical response length (words)")):
-        table, gaps = _sweep(out, kind, values)
-        if gaps["final training reward"]:
-            lines += table + [f"![gap vs {kind}](gap-{kind}.png)", ""]
-            _plot_gap(out / f"gap-{kind}.png", gaps, xlabel)
+    for prefix, kind, values, xlabel in (("sweep150", "rewards", [2, 3, 6], "rewards per prompt (150 steps)"),
+                                         ("sweep", "rewards", [2, 4, 6], "rewards per prompt (100 steps)"),
+                                         ("sweep", "length", [8, 16, 32], "typical response length (words)")):
+        table, gaps = _sweep(out, kind, values, prefix)
+        if len(gaps["final training reward"]) > 1:
+            name = f"gap-{kind}" + ("-150" if prefix == "sweep150" else "")
+            lines += table + [f"![gap vs {kind}]({name}.png)", ""]
+            _plot_gap(out / f"{name}.png", gaps, xlabel)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
