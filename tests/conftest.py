@@ -34,3 +34,14 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_dir(tiny_model_dir):
     return tiny_model_dir
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (the real-model and CLI tests share two cores), restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -39,14 +39,6 @@ def sql():
     return task, task.load("train", 1)[0]
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_explain_command_writes_the_view(tiny_dir, tmp_path):
     out = tmp_path / "view.html"
     cmd = [sys.executable, "-m", "mrtpo.cli", "explain", "--task", "sql", "--index", "0", "--model", str(tiny_dir),

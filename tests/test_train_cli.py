@@ -26,14 +26,6 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "OM
 SMALL = ["task_args={sample_rows: 0}", "train_size=4", "max_completion_length=12", "save_steps=1"]
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # --------------------------------------------------------------------------------------------
 # Config layers through the command.
 # --------------------------------------------------------------------------------------------

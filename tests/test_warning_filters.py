@@ -4,19 +4,9 @@ pinned dependencies' own deprecation warnings are narrow (message and module).""
 import json
 import warnings
 
-import pytest
-import torch
 
 from mrtpo.cli import main as cli_main
 from mrtpo.warning_filters import filter_dependency_warnings
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_a_tiny_lora_run_with_activation_checkpointing_warns_nothing(tiny_dir, tmp_path, one_thread):
