@@ -19,7 +19,11 @@ differs from GRPOTrainer, and nothing else:
 3. TRL's off-policy sequence mask (``off_policy_mask_threshold``) keeps or drops a sequence by the
    sign of its *sequence* advantage (carried next to the ``(B, T)`` advantages), never token by
    token; TRL's completions table logs each completion's trained advantage (its token mean).
-4. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
+4. The update's forward (``_get_per_token_logps_and_entropies``) runs each distinct prompt of a
+   micro-batch once and its completions on the prompt's KV cache (:mod:`mrtpo.shared_prompt`): the
+   same log-probabilities, loss and gradient as TRL's forward of every row whole, for ~84 % fewer
+   tokens on a 330-token prompt with 8 × 64-token completions (``shared_prompt_update``).
+5. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
    update, and a callback writes every log line to ``<output_dir>/metrics.jsonl``.
 
 TRL's loss is untouched: it already accepts ``(B, T)`` advantages. Loss types that assume one
@@ -59,6 +63,7 @@ from mrtpo.replay import (
     replay_passes,
 )
 from mrtpo.rewards import declares_evidence, evidence_for
+from mrtpo.shared_prompt import can_share_prompts, shared_prompt_logps
 from mrtpo.verifiers import Evidence
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
@@ -98,6 +103,9 @@ class MRTPOConfig(GRPOConfig):
     privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
     credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
     credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
+    shared_prompt_update: bool = field(default=True, metadata={"help": (
+        "run each distinct prompt once in the update's forward and the completions on its KV cache "
+        "(same loss and gradient; not under activation checkpointing, which drops the cache)")})
     multi_objective_aggregation: str | None = field(default=None, metadata={"help": (
         "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused")})
 
@@ -528,6 +536,32 @@ class MRTPOTrainer(GRPOTrainer):
         for _ in range(min(len(trained), len(logged))):
             logged.pop()
         logged.extend(trained)
+
+    # --- the update's forward: each distinct prompt once ------------------------------------------
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **extra):
+        """TRL's per-token log-probabilities and entropies ``(B, T)``, computed by
+        :func:`mrtpo.shared_prompt.shared_prompt_logps` (each distinct prompt once, same values) for
+        text-only batches when ``shared_prompt_update`` is on and the model keeps its cache; TRL's own
+        path otherwise (images, MoE aux loss, activation checkpointing while training)."""
+        prompt_length = input_ids.size(1) - logits_to_keep
+        shareable = (self.args.shared_prompt_update and not compute_aux_loss
+                     and all(value is None for value in extra.values()) and can_share_prompts(model, prompt_length))
+        if not shareable:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            rows = slice(start, start + batch_size)
+            with self.accelerator.autocast():
+                chunk_logps, chunk_entropy = shared_prompt_logps(
+                    model, input_ids[rows, :prompt_length], attention_mask[rows, :prompt_length],
+                    input_ids[rows, prompt_length:], attention_mask[rows, prompt_length:], compute_entropy)
+            logps.append(chunk_logps)
+            entropies.append(chunk_entropy)
+        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
 
     # --- TRL's off-policy sequence mask, per sequence -------------------------------------------
     def _compute_loss(self, model, inputs):
