@@ -133,11 +133,14 @@ IRRELEVANT = example([], category="irrelevance")
 
 
 def test_no_call_expected():
-    assert CORR("None of the functions can compute that.", IRRELEVANT) == 0.0
-    assert CORR(block(("f", {"a": 1})), IRRELEVANT) == -3.0
-    assert CORR("f(a=1)", IRRELEVANT) == -3.0
-    assert CORR("<tool_call>{broken</tool_call>", IRRELEVANT) == 0.0  # no decodable call (BFCL)
+    # ToolRL: a row whose answer holds no call scores 0 on correctness whatever the completion;
+    # whether the model refrained is the format reward's business.
+    for text in ("None of the functions can compute that.", block(("f", {"a": 1})), "f(a=1)",
+                 "<tool_call>{broken</tool_call>", ""):
+        assert CORR(text, IRRELEVANT) == 0.0, text
+    assert CorrectnessVerifier(call_when_none_expected=-3.0)(block(("f", {"a": 1})), IRRELEVANT) == -3.0
     assert CorrectnessVerifier(call_when_none_expected=-1.0)("f(a=1)", IRRELEVANT) == -1.0
+    assert CorrectnessVerifier(call_when_none_expected=-1.0)("I can't.", IRRELEVANT) == 0.0
     with pytest.raises(ValueError):
         CorrectnessVerifier(call_when_none_expected=-4.0)
     assert FMT("I cannot help with that using these functions.", IRRELEVANT) == 1.0
@@ -151,8 +154,9 @@ def test_format_is_strict_about_the_instructed_shape():
     assert FMT(good, WEATHER) == 1.0
     assert FMT(block(("get_forecast", {})), WEATHER) == 1.0  # format says nothing about content
     assert FMT(block(("a", {}), ("b", {"x": 1})), PLAY) == 1.0
-    two_blocks = block(("a", {})) + "\n" + block(("b", {}))
-    for bad in (two_blocks, "Here you go:\n" + good, good + "\nDone.",
+    two_blocks = block(("a", {})) + "\n" + block(("b", {"x": 1}))
+    assert FMT(two_blocks, PLAY) == 1.0  # several blocks: the instruction allows it (parallel calls)
+    for bad in (two_blocks + "\nDone.", "Here you go:\n" + good, good + "\nDone.",
                 '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}',
                 "get_weather(city='Paris', unit='C')", "```json\n" + good[11:-12] + "\n```",
                 '<tool_call>\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n</tool_call>',
@@ -166,6 +170,15 @@ def test_format_is_strict_about_the_instructed_shape():
 def test_evidence():
     ev = FMT.evidence(WEATHER)
     assert (ev.text, ev.placement) == (FORMAT_INSTRUCTION, "in_prompt")
+    assert "For example:\n<tool_call>\n" in ev.text  # the whole instruction, example included
+    mine = "Answer as <tool_call>{json}</tool_call>."
+    own = Example("u", "train", [{"role": "system", "content": "Tools.\n" + mine}, {"role": "user", "content": "q"}],
+                  WEATHER.gold, meta={**WEATHER.meta, "format_instruction": mine})
+    assert FMT.evidence(own).text == mine
+    for messages in ([{"role": "user", "content": "q"}],
+                     [{"role": "system", "content": mine + mine}, {"role": "user", "content": "q"}]):
+        with pytest.raises(ValueError, match="exactly once"):
+            FMT.evidence(Example("u", "train", messages, WEATHER.gold, meta=own.meta))
     ev = CORR.evidence(WEATHER)
     assert ev.placement == "privileged"
     assert CORR(ev.text, WEATHER) == 3.0 and FMT(ev.text, WEATHER) == 1.0

@@ -33,7 +33,10 @@ from mrtpo.tasks.toolcall.evaluate import check_item, evaluate_outputs
 from mrtpo.tasks.toolcall.parse import ParseResult, ToolCall, parse_completion
 from mrtpo.tasks.toolcall.prompt import (
     FORMAT_INSTRUCTION,
+    FormatInstructionError,
     build_messages,
+    check_format_instruction,
+    render_checked,
     render_prompt,
     with_python_hint,
 )
@@ -88,7 +91,7 @@ class ToolCallTask:
         self,
         train_categories: tuple[str, ...] | list[str] = TRAIN_CATEGORIES,
         eval_categories: tuple[str, ...] | list[str] = EVAL_CATEGORIES,
-        call_when_none_expected: float = -3.0,
+        call_when_none_expected: float = 0.0,
     ) -> None:
         self.train_categories = tuple(train_categories)
         self.eval_categories = tuple(eval_categories)
@@ -146,14 +149,21 @@ class ToolCallTask:
 
     @staticmethod
     def render_prompt(example: Example, tokenizer: Any = None) -> str:
-        """The exact prompt string for ``example`` (see :func:`prompt.render_prompt`)."""
-        return render_prompt(example, tokenizer)
+        """The exact prompt string for ``example`` (see :func:`prompt.render_prompt`), checked to hold
+        the call-format instruction once and no other ``<tool_call>`` instruction
+        (:func:`prompt.check_format_instruction`; :class:`FormatInstructionError` otherwise).
+
+        Training (TRL's rendering is compared with this one), the replays, ``mrtpo eval`` and the
+        warm start's data all render through here."""
+        return render_checked(example, tokenizer)
 
 
 __all__ = [
     "EVAL_CATEGORIES",
     "FORMAT_INSTRUCTION",
     "TRAIN_CATEGORIES",
+    "FormatInstructionError",
+    "check_format_instruction",
     "CorrectnessVerifier",
     "FormatVerifier",
     "ParseResult",

@@ -23,9 +23,16 @@ from typing import Any
 
 from mrtpo.verifiers import Example
 
+#: The call-format instruction, example included: the ``format`` reward's in-prompt evidence. It is
+#: the only text of the rendered prompt that mentions ``<tool_call>`` (checked by
+#: :func:`check_format_instruction`); removing it leaves a prompt without any format instruction.
 FORMAT_INSTRUCTION = (
-    "Respond with the function call(s) inside one <tool_call></tool_call> block, one JSON object "
-    '{"name": <function-name>, "arguments": <args-json-object>} per line, and nothing else. '
+    "Respond only with the function call(s): each call is one JSON object "
+    '{"name": <function-name>, "arguments": <args-json-object>} on its own line inside '
+    "<tool_call></tool_call> tags, and nothing else. For example:\n"
+    "<tool_call>\n"
+    '{"name": "lookup_word", "arguments": {"word": "harbor", "language": "en"}}\n'
+    "</tool_call>\n"
     "If none of the functions can be used, say so in plain text without a <tool_call> block."
 )
 PERSONA = (
@@ -110,8 +117,64 @@ def render_prompt(example: Example, tokenizer: Any = None) -> str:
     return out
 
 
+class FormatInstructionError(ValueError):
+    """The rendered prompt lacks the call-format instruction, holds it twice, or holds another
+    ``<tool_call>`` instruction besides it (the ``format`` replay would then be wrong)."""
+
+
+def check_format_instruction(rendered: str, instruction: str, example_id: str = "?", expected: int = 1) -> None:
+    """Raise :class:`FormatInstructionError` unless ``instruction`` occurs ``expected`` times (1, or 0
+    for a prompt with the instruction removed) in ``rendered`` and no ``<tool_call>`` /
+    ``</tool_call>`` tag is left outside it.
+
+    This is what makes the ``format`` reward's counterfactual meaningful: the prompt without the
+    instruction must carry no other call-format instruction (a chat template given ``tools=`` adds
+    its own, for one).
+    """
+    count = rendered.count(instruction)
+    if count != expected:
+        where = "does not occur" if count == 0 else f"occurs {count} times"
+        raise FormatInstructionError(
+            f"example {example_id!r}: the call-format instruction (the format reward's evidence) {where} "
+            f"in the rendered prompt; it must occur {'exactly once' if expected == 1 else expected}. Build the "
+            f"messages with build_messages() and render without tools= (instruction starts {instruction[:60]!r})"
+        )
+    rest = rendered.replace(instruction, "")
+    for tag in ("<tool_call>", "</tool_call>"):
+        if tag in rest:
+            at = rest.index(tag)
+            raise FormatInstructionError(
+                f"example {example_id!r}: the rendered prompt mentions {tag} outside the call-format "
+                f"instruction (near {rest[max(0, at - 60):at + 20]!r}); removing the instruction would "
+                "leave another format instruction in place. Render without the chat template's tools= "
+                "section and keep every call-format hint inside the instruction"
+            )
+
+
+def render_checked(example: Example, tokenizer: Any = None) -> str:
+    """:func:`render_prompt`, checked by :func:`check_format_instruction`: the example's instruction
+    (``meta["format_instruction"]``, else :data:`FORMAT_INSTRUCTION`) appears in the rendered text as
+    often as in the messages (once; zero in a counterfactual with it removed, never more), and no
+    other ``<tool_call>`` text does."""
+    instruction = example.meta.get("format_instruction", FORMAT_INSTRUCTION)
+    in_messages = sum(
+        m["content"].count(instruction) for m in example.messages if isinstance(m.get("content"), str)
+    )
+    if in_messages > 1:
+        raise FormatInstructionError(
+            f"example {example.id!r}: the call-format instruction occurs {in_messages} times in the "
+            "messages; it must occur exactly once"
+        )
+    text = render_prompt(example, tokenizer)
+    check_format_instruction(text, instruction, example.id, expected=in_messages)
+    return text
+
+
 __all__ = [
     "FORMAT_INSTRUCTION",
+    "FormatInstructionError",
+    "check_format_instruction",
+    "render_checked",
     "build_messages",
     "plain_prompt",
     "render_prompt",

@@ -1,8 +1,10 @@
 """The two tool-calling rewards (SPEC §2), each with the evidence it checks.
 
 ``format`` ∈ {0, 1}
-    Calls expected: 1 iff the completion is exactly one ``<tool_call>`` block (only whitespace
-    around it) whose every call is a JSON object ``{"name": str, "arguments": {...}}``.
+    Calls expected: 1 iff the completion is ``<tool_call>`` blocks and whitespace only, every line
+    of every block a JSON object ``{"name": str, "arguments": {...}}``. Parallel calls may be
+    several lines of one block (ToolRL's form) or several blocks (Qwen's and BFCL's FC form): the
+    instruction allows both, and the parser, ``correctness`` and BFCL evaluation read both alike.
     No call expected (irrelevance): 1 iff the completion is non-empty plain text with no
     ``<tool_call>`` tag and no parsable call in any form.
     Evidence: :data:`~mrtpo.tasks.toolcall.prompt.FORMAT_INSTRUCTION`, in the prompt.
@@ -22,9 +24,11 @@
     floats; lists element-wise; dicts key by key against their own acceptable sets). A parameter
     whose acceptable set contains ``""`` is optional: omitting it counts as a value match and does
     not enter the parameter-name Jaccard. The answers are first reconciled with the function
-    schemas the way BFCL's checker applies them (:func:`effective_ground_truth`). No parsable call: −3. No call expected: 0 when no call is
-    made, :attr:`CorrectnessVerifier.call_when_none_expected` (default −3, the score of a wholly
-    wrong call) when one is. Reference values: gold ``get_weather(city=Paris, unit=C)``: exact 3.0,
+    schemas the way BFCL's checker applies them (:func:`effective_ground_truth`). No parsable call: −3.
+    No call expected (BFCL irrelevance rows): as ToolRL defines it, 0 whatever the completion
+    (ToolRL's reward returns 0 for rows whose answer holds no ``<tool_call>``; whether the model
+    refrained is the ``format`` reward's business there). ``call_when_none_expected`` (default 0)
+    sets the score of a completion that does call on such a row, for those who want it penalised. Reference values: gold ``get_weather(city=Paris, unit=C)``: exact 3.0,
     ``unit=F`` 1.5, ``unit`` missing 0.75, wrong function name −3.0.
     Evidence: the gold call(s) as JSON (privileged): one correct answer in the instructed format
     (first acceptable value of each parameter) and, when some parameter has several acceptable
@@ -333,15 +337,27 @@ class FormatVerifier:
             return 0.0
 
     def evidence(self, example: Example) -> Evidence | None:
-        return Evidence(FORMAT_INSTRUCTION, "in_prompt")
+        """The whole call-format instruction, example included, as it stands in the prompt
+        (``meta["format_instruction"]``, else :data:`FORMAT_INSTRUCTION`). It must occur exactly once
+        in the example's messages: otherwise a clear ValueError, never a replay that removes nothing."""
+        text = example.meta.get("format_instruction", FORMAT_INSTRUCTION)
+        count = sum(m["content"].count(text) for m in example.messages if isinstance(m.get("content"), str))
+        if count != 1:
+            where = "does not occur" if count == 0 else f"occurs {count} times"
+            raise ValueError(
+                f"example {example.id!r}: the format reward's evidence (the call-format instruction) "
+                f"{where} in the example's messages; it must occur exactly once "
+                f"(build the messages with mrtpo.tasks.toolcall.build_messages)"
+            )
+        return Evidence(text, "in_prompt")
 
 
 def is_well_formed(result: ParseResult) -> bool:
-    """Exactly one ``<tool_call>`` block, nothing else, every call in the instructed JSON shape."""
+    """``<tool_call>`` block(s) and nothing else, every call in the instructed JSON shape."""
     return (
         result.ok
         and result.form == "tool_call"
-        and result.n_blocks == 1
+        and result.n_blocks >= 1
         and not result.extra_text
         and all(c.canonical for c in result.calls)
     )
@@ -352,7 +368,7 @@ class CorrectnessVerifier:
 
     name = "correctness"
 
-    def __init__(self, call_when_none_expected: float = -3.0) -> None:
+    def __init__(self, call_when_none_expected: float = 0.0) -> None:
         if not -3.0 <= call_when_none_expected <= 3.0:
             raise ValueError("call_when_none_expected must lie in [-3, 3]")
         self.call_when_none_expected = float(call_when_none_expected)
