@@ -122,7 +122,12 @@ def test_load_config_chooses_the_lora_base_dtype_on_a_cpu(monkeypatch, flags, dt
     monkeypatch.setattr(config_module, "cpu_flags", lambda: flags)
     config = load_config([], {"lora_r": 8, "use_cpu": True})
     assert config.run.dtype == dtype and len(config.notes) == 1
-    assert config.notes[0].endswith("; activation checkpointing off (as configured)")
+    assert config.notes[0].endswith("; activation checkpointing off; the update runs each distinct prompt once "
+                                    "(shared_prompt_update)")
+    checkpointed = load_config([], {"lora_r": 8, "use_cpu": True, "activation_checkpointing": True})
+    assert "checkpointing on (as configured), so the update runs every row whole" in checkpointed.notes[0]
+    unshared = load_config([], {"lora_r": 8, "use_cpu": True, "shared_prompt_update": False})
+    assert unshared.notes[0].endswith("shared_prompt_update off, so the update runs every row whole")
     explicit = load_config([], {"lora_r": 8, "use_cpu": True, "dtype": "float16"})
     assert explicit.run.dtype == "float16" and "float16 weights as configured" in explicit.notes[0]
     assert load_config([], {"use_cpu": True}).run.dtype == "float32"  # full fine-tuning

@@ -114,6 +114,16 @@ def _cpu_defaults() -> dict[str, Any]:
     return {"use_cpu": True, "bf16": False, "activation_checkpointing": False}
 
 
+def _update_path_note(merged: dict[str, Any]) -> str:
+    """How the update will run, and why: activation checkpointing excludes the shared-prompt update."""
+    if merged.get("activation_checkpointing"):
+        return ("activation checkpointing on (as configured), so the update runs every row whole "
+                "(checkpointed layers drop the KV cache the shared-prompt update needs)")
+    if merged.get("shared_prompt_update", True) is False:
+        return "activation checkpointing off; shared_prompt_update off, so the update runs every row whole"
+    return "activation checkpointing off; the update runs each distinct prompt once (shared_prompt_update)"
+
+
 #: ``/proc/cpuinfo`` flags of native bf16 matrix instructions; without one, bf16 matmuls take slow paths.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -371,8 +381,7 @@ def load_config(
     if merged.get("use_cpu"):
         given = merged["dtype"] if "dtype" in explicit else None
         merged["dtype"], why = choose_cpu_dtype(cpu_flags(), int(merged.get("lora_r") or 0) > 0, given)
-        checkpointing = "on" if merged.get("activation_checkpointing") else "off"
-        notes.append(f"{why}; activation checkpointing {checkpointing} (as configured)")
+        notes.append(f"{why}; {_update_path_note(merged)}")
     run_kwargs = {k: v for k, v in merged.items() if k in run_names}
     trainer_kwargs = {k: v for k, v in merged.items() if k not in run_names}
     run = RunSettings(**run_kwargs)
