@@ -9,7 +9,8 @@ def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path
     out = tmp_path / "cost.json"
     done = subprocess.run(
         [sys.executable, "-m", "mrtpo.cli", "bench", "cost", "--model", str(tiny_model_dir), "--task", "sql",
-         "--prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--out", str(out)],
+         "--prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--lora-r", "4", "--profile",
+         "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -26,6 +27,13 @@ def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path
         assert r["update_s"] > 0 and r["generation_s"] > 0
         assert 0 <= r["replay_kernel_s"] <= r["replay_s"]
     assert rows["mrtpo"]["replay_kernel_s"] > 0 and rows["gdpo"]["replay_kernel_s"] == 0
+    floors = json.loads(out.read_text())["floors"]
+    assert set(floors["phases"]) == {"generation", "update (rows+checkpointing)", "update (rows)", "update (shared)"}
+    assert all(seconds > 0 and floor > 0 for seconds, floor in floors["phases"].values())
+    # one prompt of P tokens, two completions: the unique tokens count the prompt once, the rows twice
+    tokens = floors["tokens"]
+    assert tokens["rows"] == 2 * tokens["prompt"] + tokens["completion"] and tokens["completion"] >= 2
+    assert "profile of the update (shared)" in done.stdout and "aten::" in done.stdout
 
 
 def test_relevance_bench_case_reports_chunk_and_memory_fields():

@@ -3,14 +3,20 @@
 One batch is generated once (sampling, fixed seed) and scored once; then, for every method, the
 replays it needs run on that same batch, followed by one policy-gradient update (token-level
 surrogate at ratio 1, forward + backward + optimizer step, on a fresh copy of the weights so
-every method starts from the same policy). Reported per method: generation / scoring / replay /
-update seconds, the replay's forward calls and tokens, and two floors for the replay:
+every method starts from the same policy; LoRA on the attention projections by default, as the
+demo config trains). Reported per method: generation / scoring / replay / update seconds, the
+replay's forward calls and tokens, and two floors for the replay:
 
 - ``naive floor``: one plain no-grad forward over every (context, completion) sequence, i.e.
   what a replay without prefix sharing must at least spend;
 - ``unique-token floor``: plain forwards over only the tokens the shared-prefix replay feeds
   the model (common prefix once, each context's suffix, each completion once per context),
   each piece run on its own (so attention to the cached prefix is not counted: a lower bound).
+
+Then each phase against its floor (:mod:`mrtpo.bench.floors`): generation against the decode
+floor; the update, run the three ways the trainer can run it (TRL's rows under activation
+checkpointing, TRL's rows, each distinct prompt once), against the forward + backward floor over
+its unique tokens. ``--profile`` adds torch.profiler's top ops of each update.
 
 Printed and written as JSON (``runs/bench/cost.json``).
 """
@@ -27,6 +33,14 @@ from pathlib import Path
 import torch
 
 from mrtpo.bench import add_sampling_arguments, write_record
+from mrtpo.bench.floors import (
+    UPDATE_MODES,
+    UpdateBatch,
+    decode_floor_seconds,
+    profile_update,
+    update_floor_seconds,
+    update_seconds,
+)
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.replay import ForwardCounter, common_prefix_length, group_relevance, prompt_renderer, replay_contexts
 from mrtpo.sampling import sample_group
@@ -37,6 +51,8 @@ def _parse(argv):
     p.add_argument("--task", default="sql", help="task whose train prompts make the batch")
     add_sampling_arguments(p, prompts=2, max_new_tokens=64, methods="grpo,gdpo,mrtpo,contrast,entropy", dtype="float32")
     p.add_argument("--top-k", type=int, help="top-k approximation of the JS sum in the replays (default: exact)")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank on q/k/v/o for the update (0: full fine-tuning)")
+    p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of each update mode")
     p.add_argument("--out", type=Path, default=Path("runs/bench/cost.json"))
     return p.parse_args(argv)
 
@@ -58,25 +74,17 @@ def _plain_forward_seconds(model, sequences: list[tuple[list[int], int]]) -> tup
     return time.perf_counter() - start, tokens
 
 
-def _update(model, prompt_ids, completions, mask, advantages, lr=1e-6):
-    """One token-level policy-gradient step: forward + backward + SGD step (ratio 1, no clipping)."""
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for p_ids, comp, m, adv in zip(prompt_ids, completions, mask, advantages):
-        n = int(m.sum())
-        if n == 0:
-            continue
-        ids = torch.tensor([p_ids + comp[:n].tolist()])
-        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(-1, comp[:n].view(-1, 1)).squeeze(-1)
-        loss = -(adv[:n] * logp).sum() / mask.sum()
-        loss.backward()
-        losses.append(loss.item())
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    model.eval()
-    return sum(losses)
+def _with_update_head(model, lora_r: int):
+    """The policy as the trainer updates it: TRL's fused LM head, LoRA (rank ``lora_r``, q/k/v/o) unless 0."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+    if lora_r <= 0:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0,
+                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     dtype = getattr(torch, args.dtype)
     model, tok = load_policy(args.model, dtype=dtype)
+    model = _with_update_head(model, args.lora_r)
     model.eval()
     task = get_task(args.task)
     verifiers = task.verifiers()
@@ -122,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             mask[j, : int(lengths[i])] = 1
             prompt_ids.append(p_ids)
     initial_state = copy.deepcopy(model.state_dict())
+    update_batch = lambda advantages: UpdateBatch.from_groups(prompt_ids, completions, mask, advantages, tok.pad_token_id)  # noqa: E731
 
     rows = []
     for method_name in args.methods.split(","):
@@ -164,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         credit = CreditBatch(rewards, args.group_size, mask, relevance=relevance, has_evidence=has if relevance is not None else None,
                              joint_relevance=joint, entropy=ent)
         advantages = method(credit, CreditConfig())
-        _, update_s = _timed(lambda: _update(model, prompt_ids, completions, mask, advantages))
+        update_s = update_seconds(model, update_batch(advantages), "shared")
         row = {"method": method_name, "needs": method.needs, "generation_s": generation_s, "scoring_s": scoring_s,
                "replay_s": replay_s, "replay_kernel_s": counter.kernel_s, "update_s": update_s,
                "replay_forward_calls": counter.calls}
@@ -177,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"[{method_name}] replay {replay_s:.2f}s update {update_s:.2f}s", file=sys.stderr, flush=True)
 
+    floors = _floors(model, initial_state, update_batch(advantages), batch, args, generation_s)
+
     header = (f"{'method':>9} {'gen s':>7} {'score s':>8} {'replay s':>9} {'of it kernel s':>15} {'update s':>9} {'calls':>6} "
               f"{'naive floor s':>14} {'unique floor s':>15}")
     print(header)
@@ -185,9 +197,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['method']:>9} {r['generation_s']:>7.1f} {r['scoring_s']:>8.2f} {r['replay_s']:>9.2f} "
               f"{r['replay_kernel_s']:>15.2f} {r['update_s']:>9.2f} "
               f"{r['replay_forward_calls']:>6} {r.get('naive_floor_s', float('nan')):>14.2f} {r.get('unique_floor_s', float('nan')):>15.2f}")
+    print()
+    print(f"{'phase':>26} {'s':>8} {'floor s':>8} {'ratio':>6}")
+    for name, (seconds, floor) in floors["phases"].items():
+        print(f"{name:>26} {seconds:>8.2f} {floor:>8.2f} {seconds / floor:>6.2f}")
+    print(f"update tokens: {floors['tokens']}; forward+backward floor {floors['floor_tokens_per_s']:.0f} tokens/s, "
+          f"decode floor {floors['decode_tokens_per_s']:.1f} tokens/s")
+    for mode, table in floors.get("profile", {}).items():
+        print(f"\nprofile of the update ({mode}):\n{table}")
     write_record(args.out, "cost of one training step per method (same batch)", "mrtpo bench cost " + " ".join(argv or []),
-                 rows, settings={k: str(v) for k, v in vars(args).items()})
+                 rows, settings={k: str(v) for k, v in vars(args).items()}, floors=floors)
     return 0
+
+
+def _floors(model, initial_state, batch: UpdateBatch, groups, args, generation_s: float) -> dict:
+    """Each phase's seconds next to its floor: generation against the decode floor, the update in each
+    of :data:`UPDATE_MODES` against the forward + backward floor over its unique tokens."""
+    decode_s = sum(decode_floor_seconds(model, p_ids, args.group_size, int(lengths.max()))
+                   for _, p_ids, _, lengths in groups)
+    new_tokens = args.group_size * sum(int(lengths.max()) for *_, lengths in groups)
+    phases = {"generation": (generation_s, decode_s)}
+    floor_s = update_floor_seconds(model, batch)
+    for mode in UPDATE_MODES:
+        model.load_state_dict(initial_state)
+        phases[f"update ({mode})"] = (update_seconds(model, batch, mode), floor_s)
+    tokens = batch.unique_tokens()
+    record = {"phases": phases, "tokens": tokens, "decode_tokens_per_s": new_tokens / decode_s,
+              "floor_tokens_per_s": (tokens["prompt"] + tokens["completion"]) / floor_s}
+    if args.profile:
+        record["profile"] = {mode: profile_update(model, batch, mode) for mode in UPDATE_MODES}
+    model.load_state_dict(initial_state)
+    return record
 
 
 if __name__ == "__main__":
