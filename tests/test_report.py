@@ -135,3 +135,23 @@ def test_plot_single_and_overlay(run_dir, tmp_path):
     with pytest.raises(ValueError, match="at least one run"):
         plot_runs({}, tmp_path / "none.png")
     assert load_metrics(run_dir)  # plotting leaves the inputs alone
+
+
+def test_report_names_a_revisited_pool_and_the_reward_trend(tmp_path):
+    """8 steps of 2 prompts from a pool of 4: each prompt came back 4 times; the trend line averages
+    the first and last 2 steps of the total reward (0.25 + 0.5 → 1.5 + 1.75)."""
+    totals = [0.25, 0.5, 1.0, 0.75, 1.25, 1.0, 1.5, 1.75]
+    lines = [step(i + 1, total / 2, total / 2, 0.0) for i, total in enumerate(totals)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    config = {"task": "sql", "method": "mrtpo", "model": "tiny", "train_size": 4, "per_device_train_batch_size": 8,
+              "num_generations": 4}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    md = make_report(tmp_path)["md"].read_text()
+    assert ("**prompt pool**: the first 4 train prompts, each revisited about 4 times: a rising reward shows the "
+            "loop learns on these prompts, not that it generalises") in md
+    assert "**total reward trend**: 0.375 over the first 2 steps → 1.625 over the last 2 (of 8)" in md
+    # A pool larger than what the steps visit is not a revisited pool; fewer than 4 steps give no trend.
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({**config, "train_size": 100}))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines[:3]))
+    md = make_report(tmp_path)["md"].read_text()
+    assert "prompt pool" not in md and "trend" not in md

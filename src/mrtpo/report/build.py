@@ -152,6 +152,26 @@ def _read_config(out: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _pool_note(config: Mapping[str, Any], steps: int) -> str:
+    """Say how often each prompt of a small train pool (``train_size``) came back, and what that means."""
+    size = config.get("train_size")
+    per_step = int(config.get("per_device_train_batch_size") or 0) // max(1, int(config.get("num_generations") or 1))
+    if not size or not per_step or not steps or steps * per_step <= size:
+        return ""
+    return (f"the first {size} train prompts, each revisited about {steps * per_step / size:.0f} times: a rising "
+            "reward shows the loop learns on these prompts, not that it generalises")
+
+
+def _trend(records: Sequence[Mapping[str, Any]]) -> str:
+    """Mean total reward over the first and the last quarter of the steps (at least one step each)."""
+    _, values = series(records, "reward")
+    if len(values) < 4:
+        return ""
+    k = len(values) // 4
+    return (f"{sum(values[:k]) / k:.3f} over the first {k} steps → {sum(values[-k:]) / k:.3f} over the last {k} "
+            f"(of {len(values)})")
+
+
 def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Path]:
     """Write ``curves.png``, ``report.html`` and ``report.md`` into the run folder; return their paths.
 
@@ -175,6 +195,12 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
                        f"{config.get('num_generations', '?')} per prompt, "
                        f"max {config.get('max_completion_length', '?')} tokens")),
             ("learning rate", str(config.get("learning_rate", "?")))]
+    pool = _pool_note(config, summary["steps"])
+    if pool:
+        info.append(("prompt pool", pool))
+    trend = _trend(records)
+    if trend:
+        info.append(("total reward trend", trend))
     t = summary["time_total"]
     if t:
         split = ", ".join(f"{p} {t[p]:.0f} s" for p in TIME_PHASES if p in t)
