@@ -1,6 +1,7 @@
 """The ``mrtpo`` command line. Each command lives in its own module with a ``main(argv)``::
 
     mrtpo train    --task <toolcall|instructions|sql> --method <grpo|gdpo|mrtpo|contrast|entropy>
+    mrtpo sft      --task toolcall | --data pairs.jsonl    (supervised warm start, saved as a model folder)
     mrtpo eval     --task <...> --model <preset|dir|checkpoint>
     mrtpo explain  --task <...> --completion <text>      (token-credit view of one pair)
     mrtpo demo                                             (one credit step, printed + HTML)
@@ -15,6 +16,7 @@ import sys
 #: command → (module with ``main(argv)``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mrtpo.train", "train a policy with MRTPO or a baseline method"),
+    "sft": ("mrtpo.warm_start", "supervised LoRA warm start (TRL SFTTrainer) on a task's or your own pairs"),
     "eval": ("mrtpo.evaluate", "score a model or checkpoint on a task's held-out split"),
     "explain": ("mrtpo.explain", "render the token-credit view for a prompt/completion pair"),
     "demo": ("mrtpo.demo", "one MRTPO credit-assignment step on the default model, printed and as HTML"),

@@ -81,6 +81,8 @@ class RunSettings:
     """modules that get adapters: "all-linear" or a list of module names such as [q_proj, v_proj]"""
     lora_learning_rate: float = 2e-5
     """learning_rate used with LoRA when learning_rate is not set explicitly"""
+    warm_start: Any = "auto"
+    """supervised LoRA warm start before RL (mrtpo.warm_start, built and cached on first use): auto (toolcall on a preset model: the measured default dose), none, true, or a mapping of its settings such as {steps: 16, data: pairs.jsonl}"""
     report: bool = True
     """write report.html / report.md / curves.png into the run folder when training ends"""
     report_samples: int = 2
@@ -386,6 +388,15 @@ def load_config(
     trainer_kwargs = {k: v for k, v in merged.items() if k not in run_names}
     run = RunSettings(**run_kwargs)
     _validate_run(run)
+    if run.model != "gym":
+        from mrtpo.warm_start import WarmStartError, resolve_for_run
+
+        try:
+            _, why = resolve_for_run(run.warm_start, run.task, run.model)
+        except WarmStartError as exc:
+            raise ConfigError(str(exc)) from None
+        if why:
+            notes.append(why)
     if run.lora_r > 0 and "learning_rate" not in explicit:
         trainer_kwargs["learning_rate"] = run.lora_learning_rate
     if trainer_kwargs.get("output_dir") in (None, ""):

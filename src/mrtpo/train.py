@@ -178,7 +178,14 @@ def build_trainer(config: RunConfig):
             raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none (use a gym-* task)")
         model, tokenizer = task.policy(getattr(torch, _DTYPES[run.dtype]))
     else:
-        model, tokenizer = load_policy(run.model, dtype=getattr(torch, _DTYPES[run.dtype]))
+        from mrtpo.warm_start import load_warm_start, resolve_for_run
+
+        warm, _ = resolve_for_run(run.warm_start, run.task, run.model)
+        if warm is not None:  # e.g. toolcall: a short LoRA SFT so the format reward has spread (built once)
+            model, tokenizer, folder = load_warm_start(run.model, warm, task, dtype=getattr(torch, _DTYPES[run.dtype]))
+            print(f"warm start: starting from {folder}", flush=True)
+        else:
+            model, tokenizer = load_policy(run.model, dtype=getattr(torch, _DTYPES[run.dtype]))
     peft_config = None
     if run.lora_r > 0:
         from peft import LoraConfig

@@ -139,6 +139,29 @@ class ToolCallTask:
         """BFCL AST accuracy per category, overall, and the format rate (JSON-serialisable)."""
         return evaluate_outputs(outputs, examples)
 
+    def warm_start_pairs(self, limit: int | None = None) -> list[tuple[Example, str]]:
+        """``(example, answer)`` pairs for the supervised warm start (:mod:`mrtpo.warm_start`): training
+        split only, items with a gold call, the answer being one correct call set in the instructed
+        ``<tool_call>`` form (first acceptable value of each parameter). Eval items never appear."""
+        pairs = []
+        for example in self.load("train"):
+            calls = canonical_gold(example.gold.get("ground_truth", []), example.meta.get("functions"))
+            if calls:
+                pairs.append((example, render_tool_calls(calls)))
+            if limit is not None and len(pairs) >= limit:
+                break
+        return pairs
+
+    def warm_start_identity(self) -> dict[str, Any]:
+        """What the warm start's pairs depend on (part of its cache key)."""
+        import hashlib
+
+        from mrtpo.tasks.toolcall import prompt as _prompt
+
+        text = _prompt.FORMAT_INSTRUCTION + _prompt.PERSONA + _prompt.PYTHON_HINT + _prompt.system_prompt([])
+        return {"train_categories": list(self.train_categories), "eval_categories": list(self.eval_categories),
+                "prompt_sha256": hashlib.sha256(text.encode()).hexdigest()}
+
     def may_have_checked_spans(self, example: Example) -> bool:
         """Items with a gold call: their argument values can be checked spans (``mrtpo bench lift``)."""
         return bool(gold_calls(example.gold.get("ground_truth", [])))

@@ -1,0 +1,528 @@
+"""A short supervised warm start ("cold start") before RL: LoRA fine-tuning with TRL's ``SFTTrainer``.
+
+Why: a reward that is the same for every completion of a group gives no advantage. The default
+model never writes the instructed ``<tool_call>`` form on its own (docs/tasks/toolcall.md), so the
+tool-calling ``format`` reward starts at a constant 0. A few SFT steps on the task's *training*
+split, prompts rendered exactly as RL renders them and answers in the instructed form, move the
+format rate off 0; the default dose is the one that left most sampled groups with format spread
+(docs/results.md, "Tool calling warm start"), not 100 % format.
+
+What is trained: LoRA adapters (peft) on all linear layers, constant learning rate (so the model
+after ``k`` steps of a longer run is the model of a ``k``-step run), completion-only loss; then the
+adapters are merged and the result is saved as an ordinary model folder (float32 safetensors),
+which ``mrtpo train``, ``mrtpo eval`` and :func:`mrtpo.models.load_policy` all load.
+
+Cache: like the model cache, built on first use: ``<model cache root>/warm-start/<model>-<task or
+data>-<key>``, the key a hash of the settings, the base model's identity and the data's identity
+(task name, categories and prompt text, or the data file's sha256). Written atomically.
+
+Data: a task's own pairs (``task.warm_start_pairs()``: ``(Example, answer text)``, training split
+only) or a JSONL file of the user's, one object per line, either
+
+* ``{"messages": [..., {"role": "assistant", "content": answer}]}`` (the chat template renders it),
+* ``{"prompt": [messages], "completion": answer or [assistant message]}``, or
+* ``{"prompt": "<rendered prompt string>", "completion": "<answer string>"}`` (used as given).
+
+Pairs longer than ``max_length`` tokens are left out (TRL would cut the answer off); none left is
+an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TASK_DEFAULTS",
+    "WarmStartError",
+    "WarmStartSettings",
+    "build_warm_start",
+    "completion_for",
+    "file_rows",
+    "fit_rows",
+    "load_warm_start",
+    "main",
+    "parse_warm_start",
+    "resolve_for_run",
+    "run_sft",
+    "task_rows",
+    "warm_start_dir",
+]
+
+_MARKER = "mrtpo_warm_start.json"
+CACHE_FORMAT = 1
+
+
+class WarmStartError(ValueError):
+    """Bad warm-start settings or data; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """Every setting of one warm start (all of them go into the cache key)."""
+
+    steps: int = 16
+    """optimizer steps (0: no warm start; the base model as it is)"""
+    learning_rate: float = 1e-4
+    """constant learning rate of the LoRA adapters (no warm-up, no decay)"""
+    batch_size: int = 4
+    """pairs per optimizer step"""
+    lora_r: int = 16
+    """LoRA rank"""
+    lora_alpha: float = 32.0
+    """LoRA scaling alpha"""
+    lora_dropout: float = 0.0
+    """dropout on the LoRA branch"""
+    target_modules: str | tuple[str, ...] = "all-linear"
+    """modules that get adapters"""
+    max_length: int = 1024
+    """longest prompt + answer in tokens; longer pairs are left out"""
+    seed: int = 0
+    """seed of the data order and the adapters' initialisation"""
+    data: str | None = None
+    """a JSONL file of the user's pairs (None: the task's own training pairs)"""
+    limit: int | None = None
+    """use only the first N pairs (None: all)"""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (isinstance(self.steps, int) and self.steps >= 0, "steps must be an integer >= 0"),
+            (self.learning_rate > 0, "learning_rate must be > 0"),
+            (isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size must be an integer >= 1"),
+            (isinstance(self.lora_r, int) and self.lora_r >= 1, "lora_r must be an integer >= 1"),
+            (self.lora_alpha > 0, "lora_alpha must be > 0"),
+            (0 <= self.lora_dropout < 1, "lora_dropout must lie in [0, 1)"),
+            (isinstance(self.max_length, int) and self.max_length >= 8, "max_length must be an integer >= 8"),
+            (self.limit is None or (isinstance(self.limit, int) and self.limit >= 1), "limit must be >= 1 or null"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise WarmStartError(f"warm_start: {message}")
+        if isinstance(self.target_modules, list):
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
+    def record(self) -> dict[str, Any]:
+        """The settings as plain JSON values."""
+        out = dataclasses.asdict(self)
+        if isinstance(out["target_modules"], tuple):
+            out["target_modules"] = list(out["target_modules"])
+        return out
+
+
+#: Tasks whose RL runs start from a warm start by default, with their settings (the dose table's pick).
+TASK_DEFAULTS: dict[str, WarmStartSettings] = {"toolcall": WarmStartSettings()}
+
+_OFF = {"none", "off", "no", "false", "0"}
+_ON = {"auto", "on", "yes", "true", "1", "default"}
+
+
+def parse_warm_start(value: Any, task: str) -> tuple[WarmStartSettings | None, bool]:
+    """``(settings or None, explicit)`` for a ``warm_start`` config value.
+
+    ``auto`` (the default): the task's default warm start (:data:`TASK_DEFAULTS`), for preset models
+    only (``explicit`` False); ``none``/``off``/``false``: none; ``true``/``on``: the task's default
+    for any model; a mapping: the task's defaults (or the plain defaults) with these keys replaced.
+    """
+    if value is None or (isinstance(value, bool) and not value):
+        return None, True
+    if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in _ON):
+        if task not in TASK_DEFAULTS:
+            if isinstance(value, str) and value.strip().lower() == "auto":
+                return None, False
+            raise WarmStartError(f"warm_start: task {task!r} has no default warm start data; give a mapping "
+                                 "with data: <file.jsonl> (or warm_start: none)")
+        explicit = not (isinstance(value, str) and value.strip().lower() == "auto")
+        return TASK_DEFAULTS[task], explicit
+    if isinstance(value, str):
+        if value.strip().lower() in _OFF:
+            return None, True
+        raise WarmStartError(f"warm_start must be auto, none, true or a mapping of settings, got {value!r}")
+    if isinstance(value, dict):
+        known = {f.name for f in dataclasses.fields(WarmStartSettings)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise WarmStartError(f"warm_start: unknown setting(s) {unknown}; known: {sorted(known)}")
+        base = TASK_DEFAULTS.get(task, WarmStartSettings())
+        values = dict(value)
+        for key in ("learning_rate", "lora_alpha", "lora_dropout"):
+            if isinstance(values.get(key), str):
+                try:
+                    values[key] = float(values[key])
+                except ValueError:
+                    raise WarmStartError(f"warm_start: {key} must be a number, got {values[key]!r}") from None
+        if task not in TASK_DEFAULTS and not values.get("data"):
+            raise WarmStartError(f"warm_start: task {task!r} has no warm start data of its own; give data: <file.jsonl>")
+        try:
+            return dataclasses.replace(base, **values), True
+        except TypeError as exc:
+            raise WarmStartError(f"warm_start: {exc}") from None
+    raise WarmStartError(f"warm_start must be auto, none, true or a mapping of settings, got {type(value).__name__}")
+
+
+def resolve_for_run(value: Any, task: str, model: str) -> tuple[WarmStartSettings | None, str]:
+    """The warm start a training run starts from, and one line saying why (printed by ``mrtpo train``)."""
+    from mrtpo.models import PRESETS
+
+    settings, explicit = parse_warm_start(value, task)
+    if settings is None:
+        if explicit:
+            return None, "warm start: off (warm_start: none)"
+        return None, ""
+    if not explicit and model not in PRESETS:
+        return None, (f"warm start: off for model {model!r} (the default dose was measured on the presets); "
+                      "warm_start: true or a mapping of settings builds one for it")
+    if settings.steps == 0:
+        return None, "warm start: steps 0, the base model as it is"
+    return settings, (f"warm start: {settings.steps} LoRA SFT steps on "
+                      f"{settings.data or task + ' training pairs'} (built and cached on first use; warm_start: none "
+                      "turns it off)")
+
+
+# --------------------------------------------------------------------------------------------
+# Data.
+# --------------------------------------------------------------------------------------------
+def completion_for(tokenizer: Any, messages: list[dict[str, Any]], prompt: str, answer: str) -> str:
+    """The text that follows ``prompt`` when the chat template renders ``messages`` plus the assistant
+    turn ``answer``: the answer and the template's end-of-turn (e.g. ``answer<|im_end|>``), trailing
+    whitespace after the end-of-turn token dropped. Without a chat template: ``answer`` + eos."""
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    if not getattr(tokenizer, "chat_template", None):
+        return answer + eos
+    full = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": answer}], tokenize=False)
+    if not full.startswith(prompt):
+        at = next((i for i, (a, b) in enumerate(zip(full, prompt)) if a != b), min(len(full), len(prompt)))
+        raise WarmStartError(
+            "the chat template does not render the prompt as the start of prompt + answer (first difference "
+            f"at character {at}: {prompt[at:at + 40]!r} vs {full[at:at + 40]!r}); give rendered strings instead: "
+            '{"prompt": "<rendered prompt>", "completion": "<answer>"}')
+    completion = full[len(prompt):]
+    if eos and completion.rstrip().endswith(eos):
+        completion = completion.rstrip()
+    if answer not in completion:
+        raise WarmStartError("the chat template changed the answer text when rendering it; give rendered strings")
+    return completion
+
+
+def task_rows(task: Any, tokenizer: Any, limit: int | None = None) -> list[dict[str, str]]:
+    """``[{"id", "prompt", "completion"}]`` from ``task.warm_start_pairs()`` (training split only),
+    prompts rendered exactly as RL renders them (the task's ``render_prompt``)."""
+    from mrtpo.replay import prompt_renderer
+
+    pairs_of = getattr(task, "warm_start_pairs", None)
+    if pairs_of is None:
+        raise WarmStartError(f"task {getattr(task, 'name', task)!r} has no warm start pairs of its own; "
+                             "give a JSONL file (warm_start: {data: <file>} or mrtpo sft --data <file>)")
+    render = prompt_renderer(task, tokenizer)
+    rows = []
+    for example, answer in pairs_of(limit):
+        if example.split != "train":
+            raise WarmStartError(f"warm start pair {example.id!r} is from split {example.split!r}; only training "
+                                 "items may be used")
+        prompt = render(example)
+        rows.append({"id": example.id, "prompt": prompt,
+                     "completion": completion_for(tokenizer, example.messages, prompt, answer)})
+    return rows
+
+
+def _messages_ok(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in value))
+
+
+def file_rows(path: str | os.PathLike, tokenizer: Any, limit: int | None = None) -> list[dict[str, str]]:
+    """Rows from the user's JSONL file (the three shapes of the module docstring); clear errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise WarmStartError(f"warm start data {path} does not exist")
+    rows: list[dict[str, str]] = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                item = json.loads(line)
+            except ValueError as exc:
+                raise WarmStartError(f"{where}: not valid JSON ({exc})") from None
+            if not isinstance(item, dict):
+                raise WarmStartError(f"{where}: expected a JSON object, got {type(item).__name__}")
+            rows.append(_row(item, tokenizer, where, f"{path.name}:{number}"))
+            if limit is not None and len(rows) >= limit:
+                break
+    if not rows:
+        raise WarmStartError(f"warm start data {path} holds no pairs")
+    return rows
+
+
+def _row(item: dict[str, Any], tokenizer: Any, where: str, row_id: str) -> dict[str, str]:
+    shapes = ('{"messages": [..., {"role": "assistant", "content": ...}]}, {"prompt": [messages], "completion": ...} '
+              'or {"prompt": "<rendered prompt>", "completion": "<answer>"}')
+    if "messages" in item:
+        messages = item["messages"]
+        if not _messages_ok(messages) or messages[-1]["role"] != "assistant" or len(messages) < 2:
+            raise WarmStartError(f"{where}: messages must be a list of {{role, content}} strings ending with an "
+                                 "assistant turn after at least one other turn")
+        prompt_messages, answer = messages[:-1], messages[-1]["content"]
+    elif "prompt" in item and "completion" in item:
+        prompt, answer = item["prompt"], item["completion"]
+        if isinstance(answer, list) and _messages_ok(answer) and answer[-1]["role"] == "assistant":
+            answer = answer[-1]["content"]
+        if not isinstance(answer, str) or not answer.strip():
+            raise WarmStartError(f"{where}: completion must be a non-empty string (or one assistant message)")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise WarmStartError(f"{where}: the prompt is empty")
+            return {"id": row_id, "prompt": prompt, "completion": answer}
+        if not _messages_ok(prompt):
+            raise WarmStartError(f"{where}: prompt must be a rendered string or a list of {{role, content}} messages")
+        prompt_messages = prompt
+    else:
+        raise WarmStartError(f"{where}: unknown shape (keys {sorted(item)}); expected {shapes}")
+    if not answer.strip():
+        raise WarmStartError(f"{where}: the assistant answer is empty")
+    if getattr(tokenizer, "chat_template", None):
+        prompt = tokenizer.apply_chat_template(prompt_messages, tokenize=False, add_generation_prompt=True)
+    else:
+        from mrtpo.tasks.toolcall.prompt import plain_prompt
+
+        prompt = plain_prompt(prompt_messages)
+    return {"id": row_id, "prompt": prompt, "completion": completion_for(tokenizer, prompt_messages, prompt, answer)}
+
+
+def fit_rows(rows: list[dict[str, str]], tokenizer: Any, max_length: int) -> tuple[list[dict[str, str]], int]:
+    """The rows whose prompt + completion fit ``max_length`` tokens, and how many were left out."""
+    kept = [r for r in rows
+            if len(tokenizer(r["prompt"] + r["completion"], add_special_tokens=False)["input_ids"]) <= max_length]
+    if not kept:
+        raise WarmStartError(f"none of the {len(rows)} warm start pairs fits max_length={max_length} tokens; "
+                             "raise max_length")
+    return kept, len(rows) - len(kept)
+
+
+# --------------------------------------------------------------------------------------------
+# Training.
+# --------------------------------------------------------------------------------------------
+def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, str]], settings: WarmStartSettings,
+            output_dir: str | os.PathLike, *, save_steps: int | None = None, log=print) -> tuple[Any, dict[str, Any]]:
+    """LoRA SFT of ``model`` on ``rows`` with TRL's ``SFTTrainer``; returns ``(merged model, stats)``.
+
+    ``save_steps``: also save the adapters every that many steps (``checkpoint-N`` folders under
+    ``output_dir``, for dose measurements); by default nothing is saved there. The returned model is
+    a plain transformers model with the adapters merged into its weights.
+    """
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    if settings.steps == 0:
+        return model, {"steps": 0, "seconds": 0.0, "pairs": len(rows)}
+    cpu = not torch.cuda.is_available()
+    config = SFTConfig(
+        output_dir=str(output_dir), max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=1, learning_rate=settings.learning_rate, lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.0, max_length=settings.max_length, completion_only_loss=True,
+        packing=False, logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+        report_to="none", seed=settings.seed, data_seed=settings.seed, use_cpu=cpu, bf16=False if cpu else None,
+        activation_checkpointing=False, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    lora = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
+                      target_modules=list(settings.target_modules) if isinstance(settings.target_modules, tuple)
+                      else settings.target_modules, task_type="CAUSAL_LM")
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
+    model.train()
+    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=lora)
+    t0 = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - t0
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    merged = trainer.model.merge_and_unload()
+    merged.eval()
+    stats = {"steps": int(result.global_step), "seconds": round(seconds, 1), "pairs": len(rows),
+             "seconds_per_step": round(seconds / max(result.global_step, 1), 2),
+             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+             "losses": losses}
+    log(f"warm start: {stats['steps']} steps in {seconds:.0f} s ({stats['seconds_per_step']} s/step), loss "
+        f"{stats['first_loss']} -> {stats['last_loss']}")
+    return merged, stats
+
+
+# --------------------------------------------------------------------------------------------
+# Cache.
+# --------------------------------------------------------------------------------------------
+def _base_identity(model: str) -> dict[str, Any]:
+    from mrtpo.models import resolve_model
+
+    src = resolve_model(model)
+    if src.kind == "preset":
+        return {"preset": src.name, "sha256": src.preset.sha256}
+    if src.kind == "hub":
+        return {"hub": src.hub_id}
+    st = src.path.stat()
+    return {"path": str(src.path), "mtime_ns": st.st_mtime_ns}
+
+
+def _data_identity(settings: WarmStartSettings, task: Any) -> dict[str, Any]:
+    if settings.data:
+        path = Path(settings.data)
+        if not path.is_file():
+            raise WarmStartError(f"warm start data {path} does not exist")
+        return {"file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    identity = getattr(task, "warm_start_identity", None)
+    if identity is None:
+        raise WarmStartError(f"task {getattr(task, 'name', task)!r} has no warm start pairs of its own; give data")
+    return {"task": task.name, **identity()}
+
+
+def warm_start_dir(model: str, settings: WarmStartSettings, task: Any = None,
+                   cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache folder of this warm start (it may not exist yet)."""
+    from mrtpo.models import cache_root, resolve_model
+
+    blob = json.dumps({"format": CACHE_FORMAT, "base": _base_identity(model), "settings": settings.record(),
+                       "data": _data_identity(settings, task)}, sort_keys=True)
+    key = hashlib.sha256(blob.encode()).hexdigest()[:10]
+    what = Path(settings.data).stem if settings.data else getattr(task, "name", "task")
+    return cache_root(cache_dir) / "warm-start" / f"{resolve_model(model).name}-{what}-{settings.steps}steps-{key}"
+
+
+def _complete(entry: Path) -> dict | None:
+    try:
+        info = json.loads((entry / _MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if info.get("format") == CACHE_FORMAT and (entry / "config.json").is_file() else None
+
+
+def build_warm_start(model: str, settings: WarmStartSettings, task: Any = None, out: str | os.PathLike | None = None,
+                     *, log=print) -> Path:
+    """Train the warm start and save the merged model folder at ``out`` (written atomically)."""
+    import torch
+
+    from mrtpo.models import load_policy
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        t0 = time.perf_counter()
+        base, tokenizer = load_policy(model, dtype=torch.float32)
+        rows = (file_rows(settings.data, tokenizer, settings.limit) if settings.data
+                else task_rows(task, tokenizer, settings.limit))
+        rows, dropped = fit_rows(rows, tokenizer, settings.max_length)
+        log(f"warm start: {len(rows)} pairs ({dropped} longer than {settings.max_length} tokens left out), "
+            f"{settings.steps} steps x {settings.batch_size}, lr {settings.learning_rate}, LoRA r={settings.lora_r}")
+        merged, stats = run_sft(base, tokenizer, rows, settings, tmp / "trainer", log=log)
+        staged = tmp / "model"
+        merged.save_pretrained(staged, safe_serialization=True)
+        tokenizer.save_pretrained(staged)
+        record = {"format": CACHE_FORMAT, "base_model": model, "base": _base_identity(model),
+                  "task": getattr(task, "name", None), "data": _data_identity(settings, task),
+                  "settings": settings.record(), "pairs": len(rows), "left_out_longer": dropped,
+                  "train": {k: v for k, v in stats.items() if k != "losses"}, "losses": stats.get("losses", []),
+                  "built_s": round(time.perf_counter() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "torch_threads": torch.get_num_threads()}
+        (staged / _MARKER).write_text(json.dumps(record, indent=2) + "\n")
+        if out.exists():
+            if _complete(out) is not None and out.parent.name == "warm-start":
+                return out  # another process finished it meanwhile
+            stale = out.with_name(f".stale-{out.name}-{os.getpid()}")
+            os.replace(out, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.replace(staged, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_warm_start(model: str, settings: WarmStartSettings, task: Any = None, dtype: Any = None,
+                    cache_dir: str | os.PathLike | None = None, *, log=print):
+    """``(model, tokenizer, folder)``: the warm-started policy, built and cached on first use."""
+    import torch
+
+    from mrtpo.models import load_policy
+
+    entry = warm_start_dir(model, settings, task, cache_dir)
+    if _complete(entry) is None:
+        log(f"warm start: building {entry} (once; later runs load it)")
+        build_warm_start(model, settings, task, entry, log=log)
+    policy, tokenizer = load_policy(entry, dtype=dtype or torch.float32)
+    return policy, tokenizer, entry
+
+
+# --------------------------------------------------------------------------------------------
+# ``mrtpo sft``.
+# --------------------------------------------------------------------------------------------
+def _parser():
+    import argparse
+
+    d = WarmStartSettings()
+    p = argparse.ArgumentParser(
+        prog="mrtpo sft",
+        description="Supervised warm start (LoRA, TRL SFTTrainer) on a task's training pairs or your own JSONL "
+                    "file; saves a merged model folder that mrtpo train/eval load with --model.",
+        epilog="JSONL lines: {\"messages\": [..., {\"role\": \"assistant\", ...}]}, {\"prompt\": [messages], "
+               "\"completion\": ...} or {\"prompt\": \"<rendered>\", \"completion\": \"<answer>\"}.")
+    p.add_argument("--task", help="take the task's own training pairs (toolcall); or give --data")
+    p.add_argument("--data", help="JSONL file of your own pairs")
+    p.add_argument("--model", default=None, help="base model (default qwen2.5-coder-0.5b)")
+    p.add_argument("--output-dir", help="where to save the merged model (default: the warm start cache, where "
+                                        "mrtpo train looks)")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps (default {d.steps})")
+    p.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lora-r", type=int, default=d.lora_r)
+    p.add_argument("--lora-alpha", type=float, default=None, help="default 2 x lora-r")
+    p.add_argument("--max-length", type=int, default=d.max_length, help="longer pairs are left out")
+    p.add_argument("--limit", type=int, default=None, help="use the first N pairs only")
+    p.add_argument("--seed", type=int, default=d.seed)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    ns = _parser().parse_args(argv)
+    from mrtpo.models import DEFAULT_MODEL, ModelLoadError
+
+    model = ns.model or DEFAULT_MODEL
+    try:
+        if not ns.task and not ns.data:
+            raise WarmStartError("give --task (its own training pairs) or --data <file.jsonl>")
+        task = None
+        if ns.task:
+            from mrtpo.tasks import get_task
+
+            try:
+                task = get_task(ns.task)
+            except (KeyError, ValueError) as exc:
+                raise WarmStartError(str(exc)) from None
+        settings = WarmStartSettings(
+            steps=ns.steps, learning_rate=ns.learning_rate, batch_size=ns.batch_size, lora_r=ns.lora_r,
+            lora_alpha=ns.lora_alpha if ns.lora_alpha is not None else 2.0 * ns.lora_r,
+            max_length=ns.max_length, seed=ns.seed, data=str(Path(ns.data).resolve()) if ns.data else None,
+            limit=ns.limit)
+        if ns.output_dir:
+            out = build_warm_start(model, settings, task, ns.output_dir)
+        else:
+            _, _, out = load_warm_start(model, settings, task)
+    except (WarmStartError, ModelLoadError) as exc:
+        print(f"mrtpo sft: {exc}", file=sys.stderr)
+        return 2
+    print(f"warm-started model: {out}\nuse it with: mrtpo train --model {out} warm_start=none   or   "
+          f"mrtpo eval --model {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
