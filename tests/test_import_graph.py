@@ -16,8 +16,8 @@ SRC = Path(mrtpo.__file__).parent
 #: Top-level module or subpackage of ``mrtpo`` -> its floor (a module may import its own floor and
 #: those below).
 FLOORS = {
-    "credit": 0, "verifiers": 0, "machine": 0, "warning_filters": 0, "sampling": 0, "testing": 0,
-    "__init__": 1, "tasks": 1, "replay": 1, "rewards": 1, "models": 1, "report": 1, "gym": 1,
+    "credit": 0, "verifiers": 0, "machine": 0, "warning_filters": 0, "testing": 0,
+    "__init__": 1, "tasks": 1, "replay": 1, "shared_prompt": 1, "sampling": 1, "rewards": 1, "models": 1, "report": 1, "gym": 1,
     "trainer": 2, "warm_start": 2,
     "config": 3, "train": 3, "evaluate": 3, "evaluate_load": 3, "evaluate_results": 3,
     "explain": 4, "demo": 4,

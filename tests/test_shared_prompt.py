@@ -138,3 +138,41 @@ def test_trainer_loss_and_gradient_equal_with_and_without_shared_prompts(tmp_pat
     assert grad_shared.keys() == grad_whole.keys() and len(grad_whole) > 0
     for name in grad_whole:
         torch.testing.assert_close(grad_shared[name], grad_whole[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_generation_with_shared_prefill_equals_plain_generate():
+    """Greedy decoding of left-padded prompts, each repeated G times: the same tokens whether every
+    row prefills itself or each distinct prompt is prefilled once (with ``generate``'s positions)."""
+    from mrtpo.shared_prompt import shared_prefill
+
+    model, tok = tiny_policy(seed=3, vocab_size=300)
+    prompt_ids, prompt_mask, *_ = left_padded_batch(seed=4, vocab=len(tok))
+    settings = dict(do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=None)
+    plain = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **settings)
+    prefilled = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: prefilled.append(kwargs["input_ids"].shape),
+                                    with_kwargs=True)
+    with shared_prefill(model):
+        shared = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **settings)
+    assert "generate" not in vars(model)  # the instance is left as it was
+    assert torch.equal(shared, plain) and shared.shape == (9, 12 + 12)
+    # one prefill of the 3 distinct prompts less their last token, then one token per row at a time
+    assert prefilled[0] == (3, 11) and prefilled[1] == (9, 1) and len(prefilled) == 1 + 12
+
+
+def test_trainer_generates_with_shared_prefill(tmp_path):
+    """A trainer step samples through the shared prefill: one forward of the 2 distinct prompts of
+    its 6-row batch; with ``shared_prompt_generation=False`` every row prefills itself."""
+
+    def forward_shapes(**settings):
+        trainer = make_trainer(tmp_path, [has_letter_e, char_code], max_steps=1, num_generations=G,
+                               per_device_train_batch_size=6, **settings)
+        shapes = []
+        trainer.model.register_forward_pre_hook(
+            lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        trainer.train()
+        assert "generate" not in vars(trainer.model)
+        return shapes
+
+    assert any(rows == 2 and length > 1 for rows, length in forward_shapes(shared_prompt_update=False))
+    assert not any(rows == 2 for rows, _ in forward_shapes(shared_prompt_generation=False, shared_prompt_update=False))

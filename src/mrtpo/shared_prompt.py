@@ -18,6 +18,9 @@ and the caller runs TRL's path.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -75,3 +78,49 @@ def shared_prompt_logps(
                 **{_cache_keyword(model): cache})
     entropy = out.entropy if compute_entropy else None
     return out.log_probs, entropy
+
+
+def prefill_shared_prompts(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Any:
+    """The KV cache ``generate`` would build for ``input_ids[:, :-1]`` ``(B, P − 1)``, computed for each
+    distinct (ids, mask) row once and gathered to the ``B`` rows.
+
+    Positions are ``generate``'s (the attention mask's running count, so a left-padded row starts at
+    0), so ``generate(input_ids, attention_mask, cache=...)`` then runs only the last prompt token
+    and continues exactly as if it had prefilled every row itself.
+    """
+    ids, mask, inverse = distinct_rows(input_ids, attention_mask)
+    positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True,
+                logits_to_keep=1)
+    cache = _returned_cache(out)
+    cache.batch_select_indices(inverse)
+    return cache
+
+
+def generate_with_shared_prefill(model: Any, generate: Any, input_ids: Tensor, attention_mask: Tensor | None = None,
+                                 **kwargs: Any) -> Tensor:
+    """``generate(input_ids, attention_mask, **kwargs)`` with each distinct prompt prefilled once
+    (:func:`prefill_shared_prompts`): a group of ``G`` samples of one prompt pays its prompt once,
+    not ``G`` times. Falls back to plain ``generate`` for prompts shorter than 2 tokens, a cache
+    passed in, or extra per-row inputs (images)."""
+    plain = (attention_mask is None or input_ids.size(1) < 2 or any(k in kwargs for k in ("cache", "past_key_values"))
+             or any(torch.is_tensor(v) for v in kwargs.values()))
+    if plain:
+        return generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    with torch.no_grad():
+        cache = prefill_shared_prompts(model, input_ids, attention_mask)
+    return generate(input_ids=input_ids, attention_mask=attention_mask, **{_cache_keyword(model): cache}, **kwargs)
+
+
+@contextmanager
+def shared_prefill(model: Any) -> Iterator[None]:
+    """Within the block, ``model.generate`` prefills each distinct prompt once
+    (:func:`generate_with_shared_prefill`); the instance's own ``generate`` is restored after."""
+    generate = model.generate
+    model.generate = functools.partial(generate_with_shared_prefill, model, generate)
+    try:
+        yield
+    finally:
+        del model.generate
+        if model.generate != generate:  # an instance attribute was there before us
+            model.generate = generate

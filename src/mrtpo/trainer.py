@@ -63,7 +63,7 @@ from mrtpo.replay import (
     replay_passes,
 )
 from mrtpo.rewards import declares_evidence, evidence_for
-from mrtpo.shared_prompt import can_share_prompts, shared_prompt_logps
+from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.verifiers import Evidence
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
@@ -103,6 +103,8 @@ class MRTPOConfig(GRPOConfig):
     privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
     credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
     credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
+    shared_prompt_generation: bool = field(default=True, metadata={"help": (
+        "prefill each distinct prompt once before sampling its group (transformers generation, text only)")})
     shared_prompt_update: bool = field(default=True, metadata={"help": (
         "run each distinct prompt once in the update's forward and the completions on its KV cache "
         "(same loss and gradient; not under activation checkpointing, which drops the cache)")})
@@ -283,6 +285,16 @@ class MRTPOTrainer(GRPOTrainer):
             return super()._generate(prompts)
         finally:
             self._timing["generation"] += time.perf_counter() - start
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generation; on its transformers path with text only, each distinct prompt is prefilled
+        once (:func:`mrtpo.shared_prompt.shared_prefill`) instead of once per sample of its group."""
+        shares = (self.args.shared_prompt_generation and not self.use_vllm
+                  and not self.use_transformers_continuous_batching and images is None and not multimodal_fields)
+        if not shares:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        with shared_prefill(self.accelerator.unwrap_model(self.model_wrapped)):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         start = time.perf_counter()
