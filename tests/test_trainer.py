@@ -96,6 +96,10 @@ def test_mrtpo_training_step_end_to_end(tmp_path):
     # gives no credit to describe.
     assert all(x["skip/zero_spread/has_letter_e"] == 1.0 for x in lines if "skip/zero_spread/has_letter_e" in x)
     assert "credit/has_letter_e/top10_share" not in keys
+    # the process's peak resident memory (this test process holds at least the ~100 MB of torch)
+    import resource
+    peaks = [x["memory/peak_gib"] for x in lines if "memory/peak_gib" in x]
+    assert peaks and 0.1 < peaks[-1] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     samples = [json.loads(x) for x in (tmp_path / "credit_samples.jsonl").read_text().splitlines()]
     assert samples and set(samples[0]["weights"]) == {"has_letter_e", "char_code", "plain_length"}
     first = samples[0]

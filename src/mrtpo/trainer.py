@@ -186,6 +186,16 @@ class MetricsJSONL(TrainerCallback):
             out.write(json.dumps(record) + "\n")
 
 
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process so far, GiB: the accelerator's peak allocation on CUDA, the peak
+    resident set size (``ru_maxrss``, KiB on Linux) elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def _replay_forward_calls(contexts: list[list[int]], length: int) -> int:
     """Forward calls :func:`mrtpo.replay.group_context_logits` makes for these contexts and completions
     of ``length`` tokens: the common prefix (if any is left before every context's last token), then
@@ -313,6 +323,7 @@ class MRTPOTrainer(GRPOTrainer):
             for k, v in spent.items():
                 self._metrics["train"][f"time/{k}"].append(v)
         self._metrics["train"]["time/update"].append(total - sum(spent.values()))
+        self._metrics["train"]["memory/peak_gib"].append(peak_memory_gib(self.accelerator.device))
         return loss
 
     # --- contexts ----------------------------------------------------------------------------
