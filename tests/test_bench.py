@@ -1,8 +1,11 @@
 """Benchmarks run end to end on tiny inputs (their figures come from real runs, not from tests)."""
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 
 def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path):
@@ -45,3 +48,31 @@ def test_relevance_bench_case_reports_chunk_and_memory_fields():
     assert row["input_mib"] == 2 * 2 * 16 * 512 * 2 / 2**20
     small = run_case(Case(vocab=512, batch=2, length=16, chunk=4), repeats=1)
     assert small["chunk_used"] == 4 and not small["unchunked"]
+
+
+def test_gpu_check_dry_run_on_the_cpu(tiny_model_dir, tmp_path):
+    """scripts/gpu_check.sh end to end with the tiny shape on the CPU: a model built from the given
+    tokenizer, a gdpo and an mrtpo run, medians over steps >= 2, peak memory, the step ratio."""
+    out = tmp_path / "gpu"
+    done = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--shapes", "tiny", "--tokenizer", str(tiny_model_dir), "--steps", "2",
+         "--prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--out", str(out),
+         "use_cpu=true", "bf16=false", "activation_checkpointing=false"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    record = json.loads((out / "gpu.json").read_text())
+    rows = {r["method"]: r for r in record["rows"]}
+    assert set(rows) == {"gdpo", "mrtpo"} and all(r["rc"] == 0 and r["steps"] == 2 for r in rows.values())
+    assert rows["gdpo"]["replay"] < 1e-3 < rows["mrtpo"]["replay"]  # gdpo replays nothing
+    assert all(r["peak_gib"] > 0.1 and r["step"] > 0 for r in rows.values())
+    assert record["ratios"]["tiny"] == rows["mrtpo"]["step"] / rows["gdpo"]["step"]
+    assert "mrtpo / gdpo step, tiny:" in done.stdout
+    assert (out / "models" / "tiny" / "config.json").is_file()
+
+
+def test_gpu_check_refuses_a_real_shape_without_cuda():
+    from mrtpo.bench.gpu import main
+
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        main(["--shapes", "q05"])

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU check: per-phase step time and peak memory of gdpo and mrtpo on random-initialised models of
+# the presets' shapes (q05 = the default model, q15 = Qwen2.5-1.5B) with the real tokenizer; no
+# weights, no hub. About 5-8 minutes on one H200. See docs/scaling.md.
+#
+#   bash scripts/gpu_check.sh                              # both shapes, 4 steps each, 4 prompts x 8 x 128 tokens
+#   bash scripts/gpu_check.sh --shapes q05 --steps 3       # any `mrtpo bench gpu` option
+#   bash scripts/gpu_check.sh --shapes tiny use_cpu=true bf16=false   # CPU dry run of the same path
+#
+# PYTHON (default: .venv/bin/python if present, else python3) runs mrtpo; MRTPO_TOKENIZER or
+# --tokenizer DIR points at the tokenizer files when the default model is not cached here.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# transformers 5.25 turns hub kernels on for CUDA and fails to load a model without the `kernels`
+# package (and would fetch kernels from the hub with it): load plainly, and never reach the hub.
+export USE_HUB_KERNELS=NO HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" -m mrtpo.cli bench gpu "$@"

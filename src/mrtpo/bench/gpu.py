@@ -1,0 +1,182 @@
+"""``mrtpo bench gpu``: what a training step costs on a GPU, per method, with no model weights.
+
+A GPU machine here has no hub and too little transfer room for real weights, and a step's cost
+depends on the model's shape, not on its weights. So this check builds random-initialised Qwen2
+models of the presets' shapes (``q05``: the default model's; ``q15``: Qwen2.5-1.5B's) with the
+real tokenizer, runs ``mrtpo train`` for a few steps per shape and method (each run in its own
+process, so peak memory is per run), and prints per phase the median over steps ≥ 2 (step 1
+warms up kernels and allocators), the peak memory and the mrtpo / gdpo step ratio; written as
+JSON too. Runs that would not fit the ``--deadline`` are skipped and say so.
+``scripts/gpu_check.sh`` sets the offline environment and runs it; ``--shapes tiny`` is a CPU dry
+run of the same path. With random weights every completion runs to ``max_completion_length``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mrtpo.bench import write_record
+
+#: Qwen2 shapes: hidden, layers, attention heads, key/value heads, MLP width, tied embeddings.
+SHAPES: dict[str, dict[str, Any]] = {
+    "q05": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                intermediate_size=4864, tie_word_embeddings=True),
+    "q15": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                intermediate_size=8960, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, tie_word_embeddings=True),
+}
+#: Per-step metrics summarised (median over steps ≥ 2), as the trainer logs them.
+PHASES = {"step": "step_time", "generation": "time/generation", "replay": "time/replay", "update": "time/update"}
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="mrtpo bench gpu", description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="q05,q15", help=f"comma-separated model shapes: {', '.join(SHAPES)}")
+    p.add_argument("--methods", default="gdpo,mrtpo", help="comma-separated credit methods")
+    p.add_argument("--tokenizer", type=Path, help="folder with the real tokenizer files (default: the default "
+                   "model's cache folder, or a tokenizer folder given by $MRTPO_TOKENIZER)")
+    p.add_argument("--config", type=Path, default=Path("configs/gpu.yaml"), help="training config the runs start from")
+    p.add_argument("--steps", type=int, default=4, help="optimizer steps per run (medians use steps >= 2)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    p.add_argument("--group-size", type=int, default=8, help="completions per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="completion length (random weights run to it)")
+    p.add_argument("--deadline", type=float, default=450.0, help="seconds the whole check may take")
+    p.add_argument("--out", type=Path, default=Path("runs/bench/gpu"), help="folder for models, runs and gpu.json")
+    p.add_argument("overrides", nargs="*", help="extra key=value settings for every run")
+    return p.parse_args(argv)
+
+
+def _tokenizer_dir(given: Path | None) -> Path:
+    """The real tokenizer's folder: ``given``, ``$MRTPO_TOKENIZER``, else the default model's cache."""
+    import os
+
+    from mrtpo.models import preset_cache_dir
+
+    candidates = [given] if given else [Path(p) for p in [os.environ.get("MRTPO_TOKENIZER")] if p]
+    candidates = candidates or [preset_cache_dir("qwen2.5-coder-0.5b")]
+    for folder in candidates:
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+            return folder
+    raise FileNotFoundError(
+        f"no tokenizer files in {', '.join(map(str, candidates))}: pass --tokenizer DIR with the real tokenizer "
+        "(tokenizer.json, tokenizer_config.json, chat_template.jinja; on a machine with the model cached they are "
+        "in ~/.cache/mrtpo/models/qwen2.5-coder-0.5b-*)")
+
+
+def build_model(shape: str, tokenizer_dir: Path, out: Path, dtype: str = "bfloat16") -> Path:
+    """A random-initialised Qwen2 of ``shape`` (:data:`SHAPES`) with the tokenizer of ``tokenizer_dir``,
+    saved to ``out/<shape>`` for ``mrtpo train model=...``; its vocabulary covers every token id."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    folder = out / shape
+    vocab = max(len(tok), getattr(tok, "vocab_size", 0))
+    config = Qwen2Config(vocab_size=vocab, max_position_embeddings=32768, rope_theta=1e6,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, **SHAPES[shape])
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    print(f"built {shape}: {params / 1e6:.0f} M parameters, vocabulary {vocab}, in {folder}", flush=True)
+    return folder
+
+
+def summarise_run(metrics: Path) -> dict[str, Any]:
+    """Medians over steps ≥ 2 of each phase (:data:`PHASES`), the peak memory, the steps logged."""
+    lines = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
+    steps = {int(x["step"]): x for x in lines if "step_time" in x}
+    row: dict[str, Any] = {"steps": len(steps)}
+    later = [x for s, x in sorted(steps.items()) if s >= 2] or list(steps.values())
+    for name, key in PHASES.items():
+        values = [x[key] for x in later if key in x]
+        row[name] = statistics.median(values) if values else 0.0
+    peaks = [x["memory/peak_gib"] for x in steps.values() if "memory/peak_gib" in x]
+    row["peak_gib"] = max(peaks) if peaks else None
+    return row
+
+
+def _train(model_dir: Path, method: str, run_dir: Path, args, timeout: float) -> dict[str, Any]:
+    batch = args.prompts * args.group_size
+    command = [sys.executable, "-m", "mrtpo.cli", "train", "--config", str(args.config), "--task", "sql",
+               f"model={model_dir}", f"method={method}", f"max_steps={args.steps}", f"output_dir={run_dir}",
+               f"per_device_train_batch_size={batch}", f"num_generations={args.group_size}",
+               f"max_completion_length={args.max_new_tokens}", "report_to=none", "save_strategy=no", "report=false",
+               *args.overrides]
+    print("$ " + " ".join(command), flush=True)
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        rc, tail = done.returncode, (done.stdout + done.stderr)[-2000:]
+    except subprocess.TimeoutExpired:
+        rc, tail = "timeout", f"stopped after {timeout:.0f} s"
+    (run_dir.parent / f"{run_dir.name}.log").write_text(tail)
+    row = {"rc": rc, "process_s": time.perf_counter() - start, **summarise_run(run_dir / "metrics.jsonl")}
+    if rc != 0:
+        print(tail, file=sys.stderr)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    import torch
+
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise SystemExit(f"unknown shape(s) {unknown}; choose from {', '.join(SHAPES)}")
+    if not torch.cuda.is_available() and shapes != ["tiny"]:
+        raise SystemExit("no CUDA device: this check measures a GPU. For a CPU dry run of the same path: "
+                         "--shapes tiny use_cpu=true bf16=false")
+    start = time.perf_counter()
+    tokenizer = _tokenizer_dir(args.tokenizer)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    rows = []
+    for shape in shapes:
+        model_dir = build_model(shape, tokenizer, args.out / "models")
+        for index, method in enumerate(methods):
+            left = args.deadline - (time.perf_counter() - start)
+            budget = left / (len(methods) - index)  # an even share of what is left for this shape's runs
+            if budget < 30:
+                print(f"skip {shape} {method}: {left:.0f} s of the deadline left", flush=True)
+                rows.append({"shape": shape, "method": method, "rc": "skipped"})
+                continue
+            row = _train(model_dir, method, args.out / "runs" / f"{shape}-{method}", args, budget)
+            rows.append({"shape": shape, "method": method, **row})
+    ratios = {}
+    for shape in shapes:
+        by_method = {r["method"]: r for r in rows if r["shape"] == shape and r.get("rc") == 0}
+        if "gdpo" in by_method and "mrtpo" in by_method and by_method["gdpo"]["step"] > 0:
+            ratios[shape] = by_method["mrtpo"]["step"] / by_method["gdpo"]["step"]
+    print(f"\n{'shape':>6} {'method':>7} {'rc':>8} {'steps':>5} {'step s':>7} {'gen s':>7} {'replay s':>8} "
+          f"{'update s':>8} {'peak GiB':>8}")
+    for r in rows:
+        if r.get("rc") == "skipped":
+            print(f"{r['shape']:>6} {r['method']:>7} {'skipped':>8}")
+            continue
+        peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+        print(f"{r['shape']:>6} {r['method']:>7} {str(r['rc']):>8} {r['steps']:>5} {r['step']:>7.2f} "
+              f"{r['generation']:>7.2f} {r['replay']:>8.2f} {r['update']:>8.2f} {peak:>8}")
+    for shape, ratio in ratios.items():
+        print(f"mrtpo / gdpo step, {shape}: {ratio:.2f}x")
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    write_record(args.out / "gpu.json", "GPU step cost per method, random-initialised models of the presets' shapes",
+                 "mrtpo bench gpu " + " ".join(argv or []), rows, device=device, ratios=ratios,
+                 seconds=time.perf_counter() - start)
+    return 0 if all(r.get("rc") in (0, "skipped") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
