@@ -316,6 +316,10 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, str]], settings: Wa
             output_dir: str | os.PathLike, *, save_steps: int | None = None, log=print) -> tuple[Any, dict[str, Any]]:
     """LoRA SFT of ``model`` on ``rows`` with TRL's ``SFTTrainer``; returns ``(merged model, stats)``.
 
+    One pair per forward, ``batch_size`` of them accumulated per optimizer step: the same update as a
+    batch of ``batch_size`` (TRL normalises by the step's completion tokens), without holding a
+    batch's full-vocabulary logits at once (4 x 1,024 tokens x 152k vocabulary x fp32 went past 17 GB).
+
     ``save_steps``: also save the adapters every that many steps (``checkpoint-N`` folders under
     ``output_dir``, for dose measurements); by default nothing is saved there. The returned model is
     a plain transformers model with the adapters merged into its weights.
@@ -329,8 +333,8 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, str]], settings: Wa
         return model, {"steps": 0, "seconds": 0.0, "pairs": len(rows)}
     cpu = not torch.cuda.is_available()
     config = SFTConfig(
-        output_dir=str(output_dir), max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=1, learning_rate=settings.learning_rate, lr_scheduler_type="constant",
+        output_dir=str(output_dir), max_steps=settings.steps, per_device_train_batch_size=1,
+        gradient_accumulation_steps=settings.batch_size, learning_rate=settings.learning_rate, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_length=settings.max_length, completion_only_loss=True,
         packing=False, logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         report_to="none", seed=settings.seed, data_seed=settings.seed, use_cpu=cpu, bf16=False if cpu else None,
