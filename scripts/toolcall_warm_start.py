@@ -17,12 +17,15 @@ Stages:
    stopped as soon as its format is decided (it cannot become the instructed form any more), which
    leaves the format reward exact and saves most of the generation at low doses.
    Each prompt is read once; its KV cache is copied to its samples.
-3. At the chosen dose (most groups with spread; the smaller dose on a tie): the format rate with the
+3. Greedy BFCL AST accuracy per category before (dose 0) and after (chosen dose) on the first
+   ``--eval-n`` eval items (the eval split's proportional prefix), through ``mrtpo.evaluate``.
+4. At the chosen dose (most groups with spread; the smaller dose on a tie): the format rate with the
    call-format instruction removed from the prompt (the format replay's counterfactual), and with
    Qwen2.5's own chat template given ``tools=`` (its own ``<tool_call>`` instruction) instead of our
-   system message; the latter also at dose 0.
-4. Greedy BFCL AST accuracy per category before (dose 0) and after (chosen dose) on the first
-   ``--eval-n`` eval items (the eval split's proportional prefix), through ``mrtpo.evaluate``.
+   system message; the latter also at dose 0 unless ``--skip qwen0``.
+
+Run it again with the same ``--out`` to continue: what ``results.json`` already holds is kept and not
+measured again (the SFT too, once its last checkpoint is there).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-n", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-length", type=int, default=None, help="override the warm start's max_length (smoke tests)")
-    p.add_argument("--skip", default="", help="comma-separated stages to skip: extras,bfcl")
+    p.add_argument("--skip", default="", help="comma-separated stages to skip: extras, bfcl, qwen0")
     args = p.parse_args(argv)
 
     import torch
@@ -107,6 +110,15 @@ def main(argv: list[str] | None = None) -> int:
                     "trl": trl.__version__},
         "settings": vars(args), "doses": {}, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+    previous = out / "results.json"
+    if previous.is_file():  # a second invocation: keep what was measured, measure only what is missing
+        old = json.loads(previous.read_text())
+        results["doses"] = old.get("doses", {})
+        for key in ("extras", "bfcl", "runs"):
+            if key in old:
+                results[key] = old[key]
+        results["runs"] = results.get("runs", []) + [{"command": old.get("command"), "started": old.get("started")}]
 
     def save():
         (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -153,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 # would read it once per sample); checked to give the same tokens on a tiny model
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)
                 cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                              use_cache=True).past_key_values
+                              use_cache=True, logits_to_keep=1).past_key_values
                 cache.batch_repeat_interleave(args.samples)
                 gen = model.generate(input_ids=ids.repeat_interleave(args.samples, 0),
                                      attention_mask=mask.repeat_interleave(args.samples, 0), past_key_values=cache,
@@ -236,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     # ---- 2. dose table
     prompts = our_prompts(examples)
     for k in [int(d) for d in args.doses.split(",")]:
+        if str(k) in results["doses"]:
+            continue
         m = model_at(k)
         summary, groups = sample(m, prompts, examples, f"dose {k} steps", args.seed)
         results["doses"][str(k)] = summary
@@ -249,26 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     save()
 
     skip = set(filter(None, args.skip.split(",")))
-    if "extras" not in skip:
-        # ---- 3. instruction removed; Qwen's own template with tools
-        results["extras"] = {}
-        m = model_at(chosen)
-        for name, make in (("without_instruction", without_instruction), ("qwen_template_tools", qwen_template)):
-            summary, groups = sample(m, make(examples), examples, f"dose {chosen} {name}", args.seed)
-            results["extras"][f"{name}@{chosen}"] = summary
-            (out / f"samples_{name}_dose{chosen}.json").write_text(json.dumps(groups, indent=1))
-            save()
-        del m
-        m = model_at(0)
-        summary, _ = sample(m, qwen_template(examples), examples, "dose 0 qwen_template_tools", args.seed)
-        results["extras"]["qwen_template_tools@0"] = summary
-        save()
-        del m
     if "bfcl" not in skip:
         # ---- 4. greedy BFCL AST per category, before and after
         evals = task.load("eval", args.eval_n)
-        results["bfcl"] = {}
+        results.setdefault("bfcl", {})
         for k in (0, chosen):
+            if str(k) in results["bfcl"]:
+                continue
             m = model_at(k)
             t0 = time.perf_counter()
             metrics, gens = evaluate_model(m, tok, task, evals, batch_size=8, max_new_tokens=args.max_new_tokens,
@@ -281,6 +282,21 @@ def main(argv: list[str] | None = None) -> int:
             (out / f"bfcl_dose{k}.json").write_text(json.dumps(
                 [{"id": g.id, "output": g.output, **v} for g, v in zip(gens, metrics["items"])], indent=1))
             log(f"BFCL greedy dose {k}", results["bfcl"][str(k)])
+            save()
+            del m
+    if "extras" not in skip:
+        # ---- 3. instruction removed; Qwen's own template with tools
+        results.setdefault("extras", {})
+        todo = [(chosen, "without_instruction", without_instruction), (chosen, "qwen_template_tools", qwen_template)]
+        if "qwen0" not in skip:
+            todo.append((0, "qwen_template_tools", qwen_template))
+        for k, name, make in todo:
+            if f"{name}@{k}" in results["extras"]:
+                continue
+            m = model_at(k)
+            summary, groups = sample(m, make(examples), examples, f"dose {k} {name}", args.seed)
+            results["extras"][f"{name}@{k}"] = summary
+            (out / f"samples_{name}_dose{k}.json").write_text(json.dumps(groups, indent=1))
             save()
             del m
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
