@@ -125,10 +125,12 @@ def test_settings_parsing_and_what_a_run_starts_from(tmp_path):
                          ({"steps": 2}, "has no warm start data of its own"), (3, "must be auto, none")):
         with pytest.raises(WarmStartError, match=message):
             ws.parse_warm_start(bad, "sql" if bad in (True, {"steps": 2}) else "toolcall")
-    # auto: on for the presets (the default dose was measured there), off for other models
+    # auto: on for the default model (the default dose was measured there), off for other models
     assert ws.resolve_for_run("auto", "toolcall", "qwen2.5-coder-0.5b")[0] == default
-    settings, why = ws.resolve_for_run("auto", "toolcall", str(tmp_path))
-    assert settings is None and "off for model" in why
+    for other in (str(tmp_path), "smollm2-135m"):
+        settings, why = ws.resolve_for_run("auto", "toolcall", other)
+        assert settings is None and "off for model" in why
+    assert ws.resolve_for_run(True, "toolcall", "smollm2-135m")[0] == default
     assert ws.resolve_for_run({"steps": 2}, "toolcall", str(tmp_path))[0].steps == 2
     assert ws.resolve_for_run("none", "toolcall", "qwen2.5-coder-0.5b") == (None, "warm start: off (warm_start: none)")
     assert ws.resolve_for_run("auto", "sql", "qwen2.5-coder-0.5b") == (None, "")

@@ -82,7 +82,7 @@ class RunSettings:
     lora_learning_rate: float = 2e-5
     """learning_rate used with LoRA when learning_rate is not set explicitly"""
     warm_start: Any = "auto"
-    """supervised LoRA warm start before RL (mrtpo.warm_start, built and cached on first use): auto (toolcall on a preset model: the measured default dose), none, true, or a mapping of its settings such as {steps: 16, data: pairs.jsonl}"""
+    """supervised LoRA warm start before RL (mrtpo.warm_start, built and cached on first use): auto (toolcall on the default model: the measured default dose), none, true, or a mapping of its settings such as {steps: 16, data: pairs.jsonl}"""
     report: bool = True
     """write report.html / report.md / curves.png into the run folder when training ends"""
     report_samples: int = 2

@@ -128,8 +128,8 @@ _ON = {"auto", "on", "yes", "true", "1", "default"}
 def parse_warm_start(value: Any, task: str) -> tuple[WarmStartSettings | None, bool]:
     """``(settings or None, explicit)`` for a ``warm_start`` config value.
 
-    ``auto`` (the default): the task's default warm start (:data:`TASK_DEFAULTS`), for preset models
-    only (``explicit`` False); ``none``/``off``/``false``: none; ``true``/``on``: the task's default
+    ``auto`` (the default): the task's default warm start (:data:`TASK_DEFAULTS`), for the default
+    model only, on which its dose was measured (``explicit`` False); ``none``/``off``/``false``: none; ``true``/``on``: the task's default
     for any model; a mapping: the task's defaults (or the plain defaults) with these keys replaced.
     """
     if value is None or (isinstance(value, bool) and not value):
@@ -170,15 +170,15 @@ def parse_warm_start(value: Any, task: str) -> tuple[WarmStartSettings | None, b
 
 def resolve_for_run(value: Any, task: str, model: str) -> tuple[WarmStartSettings | None, str]:
     """The warm start a training run starts from, and one line saying why (printed by ``mrtpo train``)."""
-    from mrtpo.models import PRESETS
+    from mrtpo.models import DEFAULT_MODEL
 
     settings, explicit = parse_warm_start(value, task)
     if settings is None:
         if explicit:
             return None, "warm start: off (warm_start: none)"
         return None, ""
-    if not explicit and model not in PRESETS:
-        return None, (f"warm start: off for model {model!r} (the default dose was measured on the presets); "
+    if not explicit and model != DEFAULT_MODEL:
+        return None, (f"warm start: off for model {model!r} (the default dose was measured on {DEFAULT_MODEL}); "
                       "warm_start: true or a mapping of settings builds one for it")
     if settings.steps == 0:
         return None, "warm start: steps 0, the base model as it is"
