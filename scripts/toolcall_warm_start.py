@@ -60,7 +60,39 @@ def decided(text: str) -> bool:
     return False
 
 
+def table(results: dict) -> str:
+    """The measured figures of ``results.json`` as markdown tables (docs/results.md quotes them)."""
+    lines = ["| SFT steps | format rate (T = 1) | groups with format spread | all formatted | none formatted | "
+             "mean correctness of formatted samples | sampling s |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for k in sorted(results["doses"], key=int):
+        d = results["doses"][k]
+        c = d["mean_correctness_when_formatted"]
+        lines.append(f"| {k} | {d['format_rate']:.2f} ({round(d['format_rate'] * d['samples'])}/{d['samples']}) | "
+                     f"**{d['groups_with_spread']}/{d['prompts']}** = {d['share_with_spread']:.2f} | "
+                     f"{d['groups_all_formatted']} | {d['groups_none_formatted']} | "
+                     f"{'n/a' if c is None else f'{c:.2f}'} | {d['seconds']:.0f} |")
+    if results.get("extras"):
+        lines += ["", "| model (SFT steps) | prompt | format rate | groups with spread |", "|---|---|---:|---:|"]
+        for key, d in results["extras"].items():
+            name, k = key.split("@")
+            lines.append(f"| {k} | {name.replace('_', ' ')} | {d['format_rate']:.2f} "
+                         f"({round(d['format_rate'] * d['samples'])}/{d['samples']}) | "
+                         f"{d['groups_with_spread']}/{d['prompts']} |")
+    if results.get("bfcl"):
+        cats = ["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"]
+        lines += ["", "| model (SFT steps) | " + " | ".join(cats) + " | overall | format rate |",
+                  "|---|" + "---:|" * (len(cats) + 2)]
+        for k, b in sorted(results["bfcl"].items(), key=lambda kv: int(kv[0])):
+            per = b["per_category"]
+            cells = [f"{per[c]['correct']}/{per[c]['total']}" if c in per else "-" for c in cats]
+            lines.append(f"| {k} | " + " | ".join(cells) + f" | **{b['correct']}/{b['n']}** | {b['format_rate']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["--table"]:
+        print(table(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
     p.add_argument("--out", default="runs/toolcall_warm_start")
