@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--eval-n", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--first-token", default="", help="only measure log P(<tool_call> first) after these SFT steps "
+                   "(comma-separated) on the 4 shortest of the --prompts training prompts, then stop")
+    p.add_argument("--learning-rate", type=float, default=None, help="override the warm start's learning rate")
     p.add_argument("--max-length", type=int, default=None, help="override the warm start's max_length (smoke tests)")
     p.add_argument("--skip", default="", help="comma-separated stages to skip: extras, bfcl, qwen0")
     args = p.parse_args(argv)
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.replay import counterfactual_text
     from mrtpo.tasks.toolcall import ToolCallTask, parse_completion
     from mrtpo.tasks.toolcall.prompt import render_prompt, system_prompt
-    from mrtpo.warm_start import WarmStartSettings, fit_rows, run_sft, task_rows
+    from mrtpo.warm_start import TASK_DEFAULTS, fit_rows, run_sft, task_rows
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     task = ToolCallTask()
     fmt, corr = task.verifiers()
     examples = task.load("train", args.prompts)
-    settings = WarmStartSettings(steps=max(int(d) for d in args.doses.split(",")))
+    settings = dataclasses.replace(TASK_DEFAULTS["toolcall"], steps=max(int(d) for d in args.doses.split(",")))
     if args.max_length:
         settings = dataclasses.replace(settings, max_length=args.max_length)
+    if args.learning_rate:
+        settings = dataclasses.replace(settings, learning_rate=args.learning_rate)
     results["warm_start_settings"] = settings.record()
     log("machine", results["machine"])
 
@@ -276,6 +281,23 @@ def main(argv: list[str] | None = None) -> int:
             return base
         peft = PeftModel.from_pretrained(base, str(sft_dir / f"checkpoint-{k}"))
         return peft.merge_and_unload().eval()
+
+    if args.first_token:  # a cheap probe: the log-probability that the answer opens with <tool_call>
+        tag = tok.convert_tokens_to_ids(TAG)
+        short = sorted(our_prompts(examples), key=len)[:4]
+        results.setdefault("first_token", {})
+        for k in [int(x) for x in args.first_token.split(",")]:
+            m = model_at(k)
+            lps = []
+            for prompt in short:
+                ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+                with torch.no_grad():
+                    lps.append(round(m(ids, logits_to_keep=1).logits[0, -1].log_softmax(-1)[tag].item(), 2))
+            results["first_token"][str(k)] = lps
+            log(f"log P({TAG} first) after {k} steps:", lps)
+            save()
+            del m
+        return 0
 
     # ---- 2. dose table
     prompts = our_prompts(examples)

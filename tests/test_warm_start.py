@@ -213,3 +213,4 @@ def test_mrtpo_sft_command(tmp_path, tiny_model_dir, capsys, one_thread):
     assert main(["sft", "--data", str(tmp_path / "missing.jsonl"), "--model", str(tiny_model_dir),
                  "--output-dir", str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
