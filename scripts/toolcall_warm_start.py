@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if previous.is_file():  # a second invocation: keep what was measured, measure only what is missing
         old = json.loads(previous.read_text())
         results["doses"] = old.get("doses", {})
-        for key in ("extras", "bfcl", "runs"):
+        for key in ("extras", "bfcl", "runs", "first_token", "sft"):
             if key in old:
                 results[key] = old[key]
         results["runs"] = results.get("runs", []) + [{"command": old.get("command"), "started": old.get("started")}]
@@ -282,19 +282,26 @@ def main(argv: list[str] | None = None) -> int:
         peft = PeftModel.from_pretrained(base, str(sft_dir / f"checkpoint-{k}"))
         return peft.merge_and_unload().eval()
 
-    if args.first_token:  # a cheap probe: the log-probability that the answer opens with <tool_call>
-        tag = tok.convert_tokens_to_ids(TAG)
+    if args.first_token:  # a cheap probe: how likely the answer opens with the tag, either spelling
+        from mrtpo.warm_start import text_token_ids
+
+        special = tok.convert_tokens_to_ids(TAG)
+        spelled = text_token_ids(tok, TAG, (TAG,))
         short = sorted(our_prompts(examples), key=len)[:4]
         results.setdefault("first_token", {})
         for k in [int(x) for x in args.first_token.split(",")]:
             m = model_at(k)
-            lps = []
+            rows = []
             for prompt in short:
                 ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+                full = torch.cat([ids, torch.tensor([spelled])], dim=1)
                 with torch.no_grad():
-                    lps.append(round(m(ids, logits_to_keep=1).logits[0, -1].log_softmax(-1)[tag].item(), 2))
-            results["first_token"][str(k)] = lps
-            log(f"log P({TAG} first) after {k} steps:", lps)
+                    logp = m(full).logits[0, ids.shape[1] - 1:-1].log_softmax(-1)
+                lp_special = logp[0, special].item()
+                lp_text = sum(logp[i, t].item() for i, t in enumerate(spelled))
+                rows.append({"special_token": round(lp_special, 2), "text_tokens": round(lp_text, 2)})
+            results["first_token"][str(k)] = rows
+            log(f"log P({TAG} first) after {k} steps:", rows)
             save()
             del m
         return 0

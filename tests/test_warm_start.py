@@ -214,3 +214,33 @@ def test_mrtpo_sft_command(tmp_path, tiny_model_dir, capsys, one_thread):
                  "--output-dir", str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
+
+
+def test_text_tags_are_spelled_with_ordinary_tokens():
+    tok = tiny_tokenizer()
+    tok.add_tokens(["<tool_call>", "</tool_call>"])  # added tokens, as in Qwen's tokenizer
+    tag_ids = set(tok.convert_tokens_to_ids(["<tool_call>", "</tool_call>"]))
+    text = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>'
+    assert tag_ids <= set(tok(text, add_special_tokens=False)["input_ids"])
+    ids = ws.text_token_ids(tok, text, ("<tool_call>", "</tool_call>"))
+    assert not tag_ids & set(ids) and tok.decode(ids) == text
+    assert ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")  # other special tokens stay as they are
+    assert ws.text_token_ids(tok, text) == tok(text, add_special_tokens=False)["input_ids"]
+    assert ws.TASK_DEFAULTS["toolcall"].text_tags == ("<tool_call>", "</tool_call>")
+
+
+def test_sft_with_text_tags_learns_the_answers(tmp_path, one_thread):
+    """The pre-tokenized path (text_tags) goes through TRL and learns the answers."""
+    import torch
+
+    model, tok = tiny_policy(seed=5)
+    rows = [{"prompt": f"<|im_start|>user\nsay {w}<|im_end|>\n<|im_start|>assistant\n",
+             "completion": f"<tag>{w}</tag><|im_end|>"} for w in ("cat", "dog", "owl", "emu")]
+    settings = WarmStartSettings(steps=20, learning_rate=1e-2, batch_size=2, lora_r=8, lora_alpha=16, max_length=64,
+                                 text_tags=("<tag>", "</tag>"))
+    merged, stats = ws.run_sft(model, tok, rows, settings, tmp_path / "sft")
+    assert stats["last_loss"] < 0.5 * stats["first_loss"]
+    prompt = tok(rows[0]["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        first = merged(prompt).logits[0, -1].argmax().item()
+    assert tok.decode([first]) == "<"  # the answer's first token, learned
