@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-token", default="", help="only measure log P(<tool_call> first) after these SFT steps "
                    "(comma-separated) on the 4 shortest of the --prompts training prompts, then stop")
     p.add_argument("--learning-rate", type=float, default=None, help="override the warm start's learning rate")
+    p.add_argument("--no-text-tags", action="store_true", help="teach the tags as the tokenizer's added tokens")
     p.add_argument("--max-length", type=int, default=None, help="override the warm start's max_length (smoke tests)")
     p.add_argument("--skip", default="", help="comma-separated stages to skip: extras, bfcl, qwen0")
     args = p.parse_args(argv)
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = dataclasses.replace(settings, max_length=args.max_length)
     if args.learning_rate:
         settings = dataclasses.replace(settings, learning_rate=args.learning_rate)
+    if args.no_text_tags:
+        settings = dataclasses.replace(settings, text_tags=())
     results["warm_start_settings"] = settings.record()
     log("machine", results["machine"])
 
