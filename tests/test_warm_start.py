@@ -140,7 +140,8 @@ def test_config_section(tmp_path):
     from mrtpo.config import ConfigError, load_config
 
     config = load_config([], {"task": "toolcall", "output_dir": str(tmp_path / "r")})
-    assert config.run.warm_start == "auto" and any("warm start: 16 LoRA SFT steps" in n for n in config.notes)
+    steps = ws.TASK_DEFAULTS["toolcall"].steps
+    assert config.run.warm_start == "auto" and any(f"warm start: {steps} LoRA SFT steps" in n for n in config.notes)
     config = load_config([], {"task": "toolcall", "output_dir": str(tmp_path / "r"), "warm_start": None})
     assert any("warm start: off" in n for n in config.notes)
     yaml_file = tmp_path / "c.yaml"
