@@ -514,11 +514,11 @@ def load_warm_start(model: str, settings: WarmStartSettings, task: Any = None, d
 def _parser():
     import argparse
 
-    d = WarmStartSettings()
     p = argparse.ArgumentParser(
         prog="mrtpo sft",
         description="Supervised warm start (LoRA, TRL SFTTrainer) on a task's training pairs or your own JSONL "
-                    "file; saves a merged model folder that mrtpo train/eval load with --model.",
+                    "file; saves a merged model folder that mrtpo train/eval load with --model. Unset options "
+                    "take the task's default warm start (toolcall: the one mrtpo train uses), else the plain defaults.",
         epilog="JSONL lines: {\"messages\": [..., {\"role\": \"assistant\", ...}]}, {\"prompt\": [messages], "
                "\"completion\": ...} or {\"prompt\": \"<rendered>\", \"completion\": \"<answer>\"}.")
     p.add_argument("--task", help="take the task's own training pairs (toolcall); or give --data")
@@ -526,14 +526,15 @@ def _parser():
     p.add_argument("--model", default=None, help="base model (default qwen2.5-coder-0.5b)")
     p.add_argument("--output-dir", help="where to save the merged model (default: the warm start cache, where "
                                         "mrtpo train looks)")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps (default {d.steps})")
-    p.add_argument("--learning-rate", type=float, default=d.learning_rate)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--lora-r", type=int, default=d.lora_r)
-    p.add_argument("--lora-alpha", type=float, default=None, help="default 2 x lora-r")
-    p.add_argument("--max-length", type=int, default=d.max_length, help="longer pairs are left out")
+    p.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--learning-rate", type=float)
+    p.add_argument("--batch-size", type=int, help="pairs per optimizer step")
+    p.add_argument("--lora-r", type=int)
+    p.add_argument("--lora-alpha", type=float, help="default 2 x lora-r")
+    p.add_argument("--max-length", type=int, help="longer pairs are left out")
     p.add_argument("--limit", type=int, default=None, help="use the first N pairs only")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--text-tags", nargs="*", metavar="TAG", help="strings taught as ordinary text tokens")
     return p
 
 
@@ -554,11 +555,14 @@ def main(argv: list[str] | None = None) -> int:
                 task = get_task(ns.task)
             except (KeyError, ValueError) as exc:
                 raise WarmStartError(str(exc)) from None
-        settings = WarmStartSettings(
-            steps=ns.steps, learning_rate=ns.learning_rate, batch_size=ns.batch_size, lora_r=ns.lora_r,
-            lora_alpha=ns.lora_alpha if ns.lora_alpha is not None else 2.0 * ns.lora_r,
-            max_length=ns.max_length, seed=ns.seed, data=str(Path(ns.data).resolve()) if ns.data else None,
-            limit=ns.limit)
+        base = TASK_DEFAULTS.get(ns.task, WarmStartSettings()) if ns.task and not ns.data else WarmStartSettings()
+        given = {"steps": ns.steps, "learning_rate": ns.learning_rate, "batch_size": ns.batch_size,
+                 "lora_r": ns.lora_r, "max_length": ns.max_length, "seed": ns.seed, "limit": ns.limit,
+                 "text_tags": tuple(ns.text_tags) if ns.text_tags is not None else None,
+                 "data": str(Path(ns.data).resolve()) if ns.data else None}
+        if ns.lora_alpha is not None or ns.lora_r is not None:
+            given["lora_alpha"] = ns.lora_alpha if ns.lora_alpha is not None else 2.0 * ns.lora_r
+        settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
         if ns.output_dir:
             out = build_warm_start(model, settings, task, ns.output_dir)
         else:
