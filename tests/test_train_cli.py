@@ -151,7 +151,7 @@ VOLATILE = {"time", "step_time", "train_runtime", "train_samples_per_second", "t
 
 
 def _stable(record):
-    return {k: v for k, v in record.items() if k not in VOLATILE and not k.startswith("time/")}
+    return {k: v for k, v in record.items() if k not in VOLATILE and not k.startswith(("time/", "memory/"))}
 
 
 def test_resume_continues_the_same_run(tiny_dir, tmp_path, monkeypatch, one_thread):
