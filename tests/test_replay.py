@@ -228,3 +228,25 @@ def test_grouped_replay_through_a_lora_model_matches_plain_forwards():
         torch.testing.assert_close(maps[0, g, :n], js_distance(with_ev[None], without[None])[0], atol=1e-5, rtol=1e-4)
     with pytest.raises(TypeError, match="past_key_values"):  # the guard is real
         peft_model(input_ids=padded[:1], past_key_values=None)
+
+
+@pytest.mark.parametrize("texts,completion_length", [
+    (["Rules: be brief. Q: why?", "Rules: Q: why?"], 3),           # a shared prefix, two suffixes
+    (["Same prompt.", "Same prompt."], 1),                            # one-token completions
+    (["A", "B"], 2),                                                  # one-token contexts, nothing shared
+])
+def test_group_forward_calls_counts_what_the_replay_makes(policy, texts, completion_length):
+    """The trainer agrees on forward calls across ranks before replaying: the count must be exact."""
+    from mrtpo.replay import ForwardCounter, group_context_logits, group_forward_calls
+
+    model, tok = policy
+    contexts = [tok(x, add_special_tokens=False)["input_ids"] for x in texts]
+    if texts == ["A", "B"]:
+        contexts = [c[:1] for c in contexts]
+    completions = torch.full((2, completion_length), 7)
+    counter = ForwardCounter()
+    got = dict(group_context_logits(model, contexts, completions, counter))
+    assert counter.calls == group_forward_calls(contexts)
+    for c_idx, ctx in enumerate(contexts):
+        expected = completion_logits(model, torch.tensor(ctx), completions[0])
+        torch.testing.assert_close(got[c_idx][0], expected, atol=2e-5, rtol=1e-4)

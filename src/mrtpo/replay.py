@@ -284,6 +284,13 @@ class ForwardCounter:
         self.kernel_s = 0.0
 
 
+def _shared_prefix_length(contexts: Sequence[Sequence[int]]) -> int:
+    """Tokens of the common prefix :func:`group_context_logits` runs once: the longest common prefix,
+    leaving every context at least two tokens of its own (its suffix runs on the prefix's cache, its
+    last token with the completions)."""
+    return max(0, min(common_prefix_length(contexts), min(len(c) for c in contexts) - 2))
+
+
 @torch.no_grad()
 def group_context_logits(
     model: Any,
@@ -295,42 +302,53 @@ def group_context_logits(
 
     ``contexts``: token ids of the prompts (the original one and its counterfactuals);
     ``completions``: ``(G, T)`` right-padded completion ids (padding never influences a valid
-    position: attention is causal). Yields ``(context_index, logits)`` one context at a time so
-    only one ``(G, T, V)`` tensor per context is alive.
+    position: attention is causal). Yields ``(context_index, logits)`` one context at a time, in
+    the model's dtype, so only one ``(G, T, V)`` tensor per context is alive (the relevance kernels
+    upcast chunk by chunk).
 
-    Every context goes through the same path: the longest common prefix of all contexts is run
-    once and its KV cache reused; each context's own suffix (never empty) is run on a copy of
-    that cache; the cache is repeated for the ``G`` completions, which run in one batch. So
-    identical contexts give identical logits, and the shared prompt is paid once per group.
+    Every context goes through the same path: the common prefix of all contexts is run once and its
+    KV cache reused; each context's own suffix but its last token runs on a copy of that cache; the
+    cache is repeated for the ``G`` completions, and ``[last context token, completion[:-1]]`` runs
+    as one batch, whose logits are the ``(G, T, V)`` directly (no first-position concatenation).
+    So identical contexts give identical logits, and the shared prompt is paid once per group.
     """
     key = _cache_keyword(model)
     counter = counter or ForwardCounter()
     device = next(underlying_model(model).parameters()).device
     g, t = completions.shape
     completions = completions.to(device)
-    prefix_len = max(0, min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1))
+    prefix_len = _shared_prefix_length(contexts)
     prefix_cache = None
     if prefix_len > 0:
         prefix = torch.tensor([list(contexts[0][:prefix_len])], dtype=torch.long, device=device)
         prefix_cache = _returned_cache(model(input_ids=prefix, use_cache=True))
         counter.calls += 1
     for index, ctx in enumerate(contexts):
-        suffix = torch.tensor([list(ctx[prefix_len:])], dtype=torch.long, device=device)
         cache = copy.deepcopy(prefix_cache) if prefix_cache is not None else None
-        kwargs = {key: cache} if cache is not None else {}
-        out = model(input_ids=suffix, use_cache=True, **kwargs)
-        counter.calls += 1
-        first = out.logits[:, -1:].float()  # predicts completion token 0
-        if t > 1:
+        head = list(ctx[prefix_len:-1])
+        if head:
+            kwargs = {key: cache} if cache is not None else {}
+            out = model(input_ids=torch.tensor([head], dtype=torch.long, device=device), use_cache=True, **kwargs)
             cache = _returned_cache(out)
-            cache.batch_repeat_interleave(g)
-            attention = torch.ones(g, len(ctx) + t - 1, dtype=torch.long, device=device)
-            rest = model(input_ids=completions[:, :-1], attention_mask=attention, use_cache=True, **{key: cache})
             counter.calls += 1
-            logits = torch.cat([first.expand(g, 1, -1), rest.logits.float()], dim=1)
-        else:
-            logits = first.expand(g, 1, -1)
-        yield index, logits
+        last = torch.full((g, 1), int(ctx[-1]), dtype=torch.long, device=device)
+        inputs = torch.cat([last, completions[:, :-1]], dim=1)
+        kwargs = {}
+        if cache is not None:
+            cache.batch_repeat_interleave(g)
+            kwargs = {key: cache}
+        attention = torch.ones(g, len(ctx) - 1 + t, dtype=torch.long, device=device)
+        out = model(input_ids=inputs, attention_mask=attention, use_cache=cache is not None, **kwargs)
+        counter.calls += 1
+        yield index, out.logits
+
+
+def group_forward_calls(contexts: Sequence[Sequence[int]]) -> int:
+    """Forward calls :func:`group_context_logits` makes for these contexts, whatever the completions'
+    length: the common prefix once (if any), then per context its suffix but the last token (if
+    any) and the completions."""
+    prefix = _shared_prefix_length(contexts)
+    return (1 if prefix > 0 else 0) + sum(2 if len(c) - prefix > 1 else 1 for c in contexts)
 
 
 @dataclass
@@ -361,6 +379,7 @@ def group_relevance(
     with_entropy: bool = False,
     micro_batch: int | None = None,
     counter: ForwardCounter | None = None,
+    on_device: bool = False,
 ) -> GroupRelevance:
     """Relevance of each counterfactual ``contexts[1:]`` against the original ``contexts[0]``.
 
@@ -370,34 +389,39 @@ def group_relevance(
     ``micro_batch``: replay at most this many completions at once (``None``: the whole group).
     The logits held at a time scale with it (about 12-14 bytes x rows x T x V); each pass
     re-runs the contexts, so :func:`replay_passes` times the forward calls of one pass.
+    The maps are built on the model's device without a host copy per context; ``on_device`` returns
+    them there (a caller replaying many groups copies once at the end), else on the CPU.
     """
     if len(placements) != len(contexts) - 1:
         raise ValueError(f"need one placement per counterfactual: {len(contexts) - 1}, got {len(placements)}")
     if micro_batch is not None and micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1 or None, got {micro_batch}")
     g, t = completions.shape
-    mask = torch.arange(t).unsqueeze(0) < lengths.cpu().view(-1, 1)
-    maps = torch.zeros(len(contexts) - 1, g, t)
-    ent = torch.zeros(g, t) if with_entropy else None
+    device = next(underlying_model(model).parameters()).device
+    completions = completions.to(device)
+    mask = torch.arange(t, device=device).unsqueeze(0) < lengths.to(device).view(-1, 1)
+    maps = torch.zeros(len(contexts) - 1, g, t, device=device)
+    ent = torch.zeros(g, t, device=device) if with_entropy else None
     step = g if replay_passes(g, micro_batch) == 1 else micro_batch
     for first_row in range(0, g, step):
         rows = slice(first_row, min(g, first_row + step))
         sub = completions[rows]
         base = None
         for index, logits in group_context_logits(model, contexts, sub, counter):
-            device_mask = mask[rows].to(logits.device)
             start = time.perf_counter()
             if index == 0:
                 base = logits
                 if with_entropy:
-                    ent[rows] = entropy_map(base, device_mask, chunk_size, temperature).cpu()
+                    ent[rows] = entropy_map(base, mask[rows], chunk_size, temperature)
             else:
                 with_ev, without_ev = (base, logits) if placements[index - 1] == "in_prompt" else (logits, base)
-                maps[index - 1, rows] = relevance_fn(kind, with_ev, without_ev, sub.to(logits.device), device_mask,
-                                                     chunk_size, temperature, top_k).cpu()
+                maps[index - 1, rows] = relevance_fn(kind, with_ev, without_ev, sub, mask[rows], chunk_size,
+                                                     temperature, top_k)
             if counter is not None:
                 counter.kernel_s += time.perf_counter() - start
-    return GroupRelevance(maps=maps, entropy=ent)
+    if on_device:
+        return GroupRelevance(maps=maps, entropy=ent)
+    return GroupRelevance(maps=maps.cpu(), entropy=ent.cpu() if ent is not None else None)
 
 
 @dataclass
@@ -466,6 +490,7 @@ __all__ = [
     "group_relevance",
     "common_prefix_length",
     "group_context_logits",
+    "group_forward_calls",
     "EvidenceNotFoundError",
     "ReplayResult",
     "append_privileged",

@@ -24,7 +24,10 @@ differs from GRPOTrainer, and nothing else:
    same log-probabilities, loss and gradient as TRL's forward of every row whole, for ~84 % fewer
    tokens on a 330-token prompt with 8 × 64-token completions (``shared_prompt_update``).
 5. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
-   update, and a callback writes every log line to ``<output_dir>/metrics.jsonl``.
+   update, and a callback writes every log line to ``<output_dir>/metrics.jsonl``
+   (:mod:`mrtpo.trainer_metrics`, with the per-reward credit metrics).
+
+The config and the keys it shares with the trainer live in :mod:`mrtpo.trainer_config`.
 
 TRL's loss is untouched: it already accepts ``(B, T)`` advantages. Loss types that assume one
 advantage per sequence are rejected by the config, and so are TRL's reward-aggregation settings
@@ -34,174 +37,47 @@ that the method decides instead (``multi_objective_aggregation``, ``scale_reward
 from __future__ import annotations
 
 import json
-import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from mrtpo.credit import (
-    RELEVANCE_KINDS,
     CreditBatch,
     CreditConfig,
-    available_methods,
     get_method,
     group_normalize,
     reward_coefficients,
 )
 from mrtpo.replay import (
-    DEFAULT_PRIVILEGED_HEADER,
     ForwardCounter,
-    common_prefix_length,
     counterfactual_text,
+    group_forward_calls,
     group_relevance,
     replay_passes,
 )
 from mrtpo.rewards import declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
+from mrtpo.trainer_config import (
+    GLOBAL_NORMALISER_LOSSES,
+    ROW_KEYS,
+    SEQUENCE_ADVANTAGES_KEY,
+    SEQUENCE_LEVEL_LOSSES,
+    TRL_AGGREGATION,
+    ZERO_ADVANTAGE_KEY,
+    MRTPOConfig,
+)
+from mrtpo.trainer_metrics import (
+    MetricsJSONL,
+    credit_metric_keys,
+    credit_metric_sums,
+    credit_sample,
+    peak_memory_gib,
+)
 from mrtpo.verifiers import Evidence
-
-#: Loss settings whose objective is built on one advantage (or ratio) per sequence.
-SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
-#: TRL's ``multi_objective_aggregation`` that computes a method's sequence advantages (by its
-#: ``CreditMethod.sequence``); TRL's own advantages are then the ones the method averages to.
-TRL_AGGREGATION = {"grpo": "sum_then_normalize", "gdpo": "normalize_then_sum"}
-#: Key of the ``(B,)`` sequence advantages in the batches handed to TRL's loss.
-SEQUENCE_ADVANTAGES_KEY = "mrtpo_sequence_advantages"
-#: Key of the ``(B,)`` bool marking completions whose advantage is zero at every token (they cannot
-#: move the policy; the update leaves them out where that is exact: :meth:`MRTPOTrainer._skips_zero_rows`).
-ZERO_ADVANTAGE_KEY = "mrtpo_zero_advantage"
-#: TRL loss types whose normaliser does not depend on the rows in the micro-batch: ``num_items_in_batch``,
-#: the global token count of the generation batch, computed before the split. Dropping rows whose
-#: per-token loss is 0 then leaves the loss and its gradient unchanged.
-GLOBAL_NORMALISER_LOSSES = ("dapo", "cispo")
-#: Every per-row key of a text-only batch from TRL's ``_generate_and_score_completions`` (and ours);
-#: a batch with any other key (images, ...) is never split by row.
-ROW_KEYS = frozenset({
-    "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
-    "sampling_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio", "tool_mask",
-    SEQUENCE_ADVANTAGES_KEY, ZERO_ADVANTAGE_KEY,
-})
-
-
-@dataclass
-class MRTPOConfig(GRPOConfig):
-    """GRPOConfig plus the credit-assignment knobs of SPEC §1 (validated in ``__post_init__``)."""
-
-    method: str = field(default="mrtpo", metadata={"help": "credit method: grpo, gdpo, mrtpo, contrast, entropy"})
-    relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})
-    lam: float = field(default=1.0, metadata={"help": "weight interpolation: 0 uniform, 1 proportional to relevance"})
-    w_max: float | None = field(default=None, metadata={"help": "cap on one token's weight (then renormalised); None: no cap"})
-    relevance_chunk_size: int | None = field(default=None, metadata={"help": "positions per relevance chunk; None: auto"})
-    relevance_top_k: int | None = field(default=None, metadata={"help": "top-k approximation of the JS sum; None: exact"})
-    replay_micro_batch: int | None = field(default=None, metadata={"help": "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group"})
-    privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
-    credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
-    credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
-    shared_prompt_generation: bool = field(default=True, metadata={"help": (
-        "prefill each distinct prompt once before sampling its group (transformers generation, text only)")})
-    shared_prompt_update: bool = field(default=True, metadata={"help": (
-        "run each distinct prompt once in the update's forward and the completions on its KV cache "
-        "(same loss and gradient; not under activation checkpointing, which drops the cache)")})
-    multi_objective_aggregation: str | None = field(default=None, metadata={"help": (
-        "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused")})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.method not in available_methods():
-            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(available_methods())}")
-        if self.relevance not in RELEVANCE_KINDS:
-            raise ValueError(f"unknown relevance {self.relevance!r}; choose one of {', '.join(RELEVANCE_KINDS)}")
-        if not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
-        if self.w_max is not None and self.w_max < 1.0:
-            raise ValueError(f"w_max must be >= 1 (weights average to 1) or None, got {self.w_max}")
-        if self.relevance_chunk_size is not None and self.relevance_chunk_size < 1:
-            raise ValueError(f"relevance_chunk_size must be >= 1 or None, got {self.relevance_chunk_size}")
-        if self.replay_micro_batch is not None and self.replay_micro_batch < 1:
-            raise ValueError(f"replay_micro_batch must be >= 1 or None, got {self.replay_micro_batch}")
-        if self.relevance_top_k is not None:
-            if self.relevance_top_k < 1:
-                raise ValueError(f"relevance_top_k must be >= 1 or None, got {self.relevance_top_k}")
-            if self.relevance != "js":
-                raise ValueError("relevance_top_k approximates the JS sum; it needs relevance='js'")
-        if not self.privileged_header.strip():
-            raise ValueError("privileged_header must be a non-empty line")
-        if self.credit_samples < 0:
-            raise ValueError(f"credit_samples must be >= 0, got {self.credit_samples}")
-        if self.loss_type in SEQUENCE_LEVEL_LOSSES:
-            raise ValueError(
-                f"loss_type={self.loss_type!r} assumes one advantage per sequence; token-level credit needs a "
-                "token-level loss: use one of 'dapo' (default), 'grpo', 'bnpo', 'dr_grpo', 'cispo', 'sapo'"
-            )
-        aggregation = TRL_AGGREGATION[get_method(self.method).sequence]
-        if self.multi_objective_aggregation not in (None, aggregation):
-            raise ValueError(
-                f"multi_objective_aggregation={self.multi_objective_aggregation!r} contradicts method={self.method!r}, "
-                f"whose advantages aggregate the rewards as {aggregation!r}: the method decides how rewards are "
-                "combined; leave multi_objective_aggregation unset (or choose another method)"
-            )
-        if self.scale_rewards != "group":
-            raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} is not supported: grpo divides by each group's std "
-                "(scale_rewards='group'); the GDPO family (gdpo, mrtpo, contrast, entropy) divides each reward by its "
-                "group's std and the sum by the batch's (credit_batch_norm). Leave scale_rewards='group'"
-            )
-        if self.importance_sampling_level != "token":
-            raise ValueError(
-                "importance_sampling_level='sequence' (GSPO) weighs whole sequences; token-level credit needs "
-                "importance_sampling_level='token'"
-            )
-
-
-class MetricsJSONL(TrainerCallback):
-    """Writes every log line as JSON to ``<output_dir>/metrics.jsonl`` (appends across resumes).
-
-    On resume, lines logged after the checkpoint's step (by the interrupted run) are dropped, so
-    the file reads as one continuous run.
-    """
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero or not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= state.global_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        record = {"step": state.global_step, "epoch": state.epoch, "time": time.time()}
-        record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str)) or v is None})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as out:
-            out.write(json.dumps(record) + "\n")
-
-
-def peak_memory_gib(device: torch.device) -> float:
-    """Peak memory of this process so far, GiB: the accelerator's peak allocation on CUDA, the peak
-    resident set size (``ru_maxrss``, KiB on Linux) elsewhere."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def _replay_forward_calls(contexts: list[list[int]], length: int) -> int:
-    """Forward calls :func:`mrtpo.replay.group_context_logits` makes for these contexts and completions
-    of ``length`` tokens: the common prefix (if any is left before every context's last token), then
-    per context its suffix and, for completions longer than one token, the completions."""
-    prefix = max(0, min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1))
-    return (1 if prefix > 0 else 0) + len(contexts) * (2 if length > 1 else 1)
 
 
 def _rows_that_move(inputs: dict[str, Any], zero: Tensor) -> dict[str, Any]:
@@ -214,15 +90,6 @@ def _rows_that_move(inputs: dict[str, Any], zero: Tensor) -> dict[str, Any]:
         keep[0] = True
     return {key: value[keep] if key != "num_items_in_batch" and torch.is_tensor(value) else value
             for key, value in inputs.items()}
-
-
-def _top_share_and_set(weights: Tensor, length: int) -> tuple[float, set[int]]:
-    """Share of a response's total weight on its top 10 % of tokens, and those token positions."""
-    top = max(1, math.ceil(0.1 * length))
-    w = weights[:length]
-    idx = torch.topk(w, top).indices
-    total = float(w.sum())
-    return (float(w[idx].sum()) / total if total > 0 else 0.0), set(idx.tolist())
 
 
 class MRTPOTrainer(GRPOTrainer):
@@ -398,9 +265,10 @@ class MRTPOTrainer(GRPOTrainer):
         needs = self.credit_method.needs
         b, t_max = out["completion_ids"].shape
         k = len(self.reward_funcs)
-        per_reward = torch.zeros(b, k, t_max) if needs == "per_reward" else None
-        joint = torch.zeros(b, t_max) if needs == "joint" else None
-        ent = torch.zeros(b, t_max) if needs == "entropy" else None
+        device = self.accelerator.device  # maps stay here until the step's last replay: one host copy per step
+        per_reward = torch.zeros(b, k, t_max, device=device) if needs == "per_reward" else None
+        joint = torch.zeros(b, t_max, device=device) if needs == "joint" else None
+        ent = torch.zeros(b, t_max, device=device) if needs == "entropy" else None
         has_evidence = torch.zeros(b, k, dtype=torch.bool)
         skipped = torch.zeros(b, k, dtype=torch.bool)  # a map the method uses, not computed (zero coefficient)
         nonzero = torch.ones(b, k, dtype=torch.bool) if coefficients is None else coefficients.cpu() != 0
@@ -429,7 +297,7 @@ class MRTPOTrainer(GRPOTrainer):
             if contexts and n > 0:
                 plan.append((replayed, contexts, idx, n))
         micro_batch = self.args.replay_micro_batch
-        planned = sum(_replay_forward_calls(contexts, n) * replay_passes(len(idx), micro_batch)
+        planned = sum(group_forward_calls(contexts) * replay_passes(len(idx), micro_batch)
                       for _, contexts, idx, n in plan)
         target = self._agree_forward_calls(planned)
         counter = ForwardCounter()
@@ -438,7 +306,8 @@ class MRTPOTrainer(GRPOTrainer):
             placements = [ev.placement for _, ev in replayed] if needs == "per_reward" else ["in_prompt"] * (len(contexts) - 1)
             group = group_relevance(self.model, contexts, placements, completions, lengths[idx], kind=kind,
                                     temperature=temperature, chunk_size=chunk, top_k=top_k,
-                                    with_entropy=needs == "entropy", micro_batch=micro_batch, counter=counter)
+                                    with_entropy=needs == "entropy", micro_batch=micro_batch, counter=counter,
+                                    on_device=True)
             if needs == "entropy":
                 ent[idx, :n] = group.entropy
             elif needs == "joint":
@@ -449,7 +318,7 @@ class MRTPOTrainer(GRPOTrainer):
                     has_evidence[idx, reward_index] = True
         if counter.calls != planned:
             raise RuntimeError(f"replay made {counter.calls} forward calls but planned {planned}: "
-                               "_replay_forward_calls no longer matches mrtpo.replay.group_context_logits")
+                               "group_forward_calls no longer matches mrtpo.replay.group_context_logits")
         self._pad_forward_calls(target - counter.calls)
         self.replay_forward_calls = target
         replayed_rows = sum(len(idx) for _, _, idx, _ in plan)
@@ -458,6 +327,7 @@ class MRTPOTrainer(GRPOTrainer):
             "contexts_replayed": sum(len(contexts) - 1 for _, contexts, _, _ in plan),
             "contexts_skipped": contexts_skipped,
         }
+        per_reward, joint, ent = (m.cpu() if m is not None else None for m in (per_reward, joint, ent))
         return {"relevance": per_reward, "joint": joint, "entropy": ent, "has_evidence": has_evidence,
                 "skipped": skipped}
 
@@ -611,50 +481,15 @@ class MRTPOTrainer(GRPOTrainer):
                                                off_policy_threshold)
 
     def _log_credit(self, inputs, out, batch: CreditBatch, maps: dict, advantages: Tensor) -> None:
-        """Per-reward credit metrics over the global batch, and a few completions' token weights.
-
-        A (completion, reward) whose map was not computed (its coefficient is 0) is left out of that
-        reward's metrics: its uniform weights say nothing about where credit went.
-
-        Each rank sums its completions' values; one gather of the ``(sum, count)`` pairs (same keys
-        in the same order on every rank) turns them into global means.
-        """
+        """Per-reward credit metrics over the global batch (:func:`mrtpo.trainer_metrics.credit_metric_sums`:
+        each rank sums its completions, one gather of the ``(sum, count)`` pairs makes global means),
+        and a few completions' token weights for the token-credit view."""
         weights = self.credit_method.weights(batch, self.credit_config)
         lengths = batch.mask.sum(-1).long().tolist()
-        names = self.reward_func_names
-        keys = [f"credit/{n}/{m}" for n in names for m in ("top10_share", "weight_entropy", "relevance_mean")]
-        keys += [f"credit/top10_overlap/{names[a]}~{names[c]}" for a in range(len(names)) for c in range(a + 1, len(names))]
-        totals = {key: [0.0, 0.0] for key in keys}
-
-        def add(key: str, value: float) -> None:
-            totals[key][0] += value
-            totals[key][1] += 1
-
-        skipped = maps.get("skipped")
-        for j, n in enumerate(lengths):
-            if n == 0:
-                continue
-            tops = []
-            for i, name in enumerate(names):
-                if skipped is not None and skipped[j, i]:  # a zero coefficient: this reward gives j no credit
-                    tops.append(None)
-                    continue
-                w = weights[j, i, :n]
-                share, top = _top_share_and_set(w, n)
-                tops.append(top)
-                add(f"credit/{name}/top10_share", share)
-                p = w / w.sum() if w.sum() > 0 else torch.full_like(w, 1.0 / n)
-                add(f"credit/{name}/weight_entropy",
-                    float(-(p * p.clamp_min(1e-12).log()).sum()) / math.log(n) if n > 1 else 1.0)
-                if maps.get("relevance") is not None and maps["has_evidence"][j, i]:
-                    add(f"credit/{name}/relevance_mean", float(maps["relevance"][j, i, :n].mean()))
-            for a in range(len(names)):
-                for c in range(a + 1, len(names)):
-                    if tops[a] is not None and tops[c] is not None:
-                        add(f"credit/top10_overlap/{names[a]}~{names[c]}",
-                            len(tops[a] & tops[c]) / len(tops[a] | tops[c]))
-        local = torch.tensor([totals[key] for key in keys], dtype=torch.float64, device=self.accelerator.device)
-        summed = self.accelerator.gather(local).view(-1, len(keys), 2).sum(0).cpu()
+        keys = credit_metric_keys(self.reward_func_names)
+        local = credit_metric_sums(weights, lengths, self.reward_func_names, skipped=maps.get("skipped"),
+                                   relevance=maps.get("relevance"), has_evidence=maps.get("has_evidence"))
+        summed = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, len(keys), 2).sum(0).cpu()
         for key, (total, count) in zip(keys, summed.tolist()):
             if count > 0:
                 self._metrics["train"][key].append(total / count)
@@ -662,23 +497,21 @@ class MRTPOTrainer(GRPOTrainer):
             self._write_credit_samples(inputs, out, batch, weights, advantages, maps)
 
     def _write_credit_samples(self, inputs, out, batch, weights, advantages, maps) -> None:
+        """Append this step's first ``credit_samples`` completions to ``credit_samples.jsonl``."""
         path = Path(self.args.output_dir) / "credit_samples.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         local_rewards = batch.local_rewards()
+        relevance = maps.get("relevance")
         with path.open("a") as f:
             for j in range(min(self.args.credit_samples, len(inputs))):
                 n = int(batch.mask[j].sum())
                 ids = out["completion_ids"][j, :n].tolist()
-                record = {
-                    "step": self.state.global_step, "example_id": str(inputs[j].get("example_id", "")),
-                    "method": self.args.method, "rewards": dict(zip(self.reward_func_names, [None if math.isnan(r) else r for r in local_rewards[j].tolist()])),
-                    "token_ids": ids,
-                    "tokens": [self.processing_class.decode([i]) for i in ids],
-                    "weights": {name: weights[j, i, :n].tolist() for i, name in enumerate(self.reward_func_names)},
-                    "advantage": advantages[j, :n].tolist(),
-                }
-                if maps.get("relevance") is not None:
-                    record["relevance"] = {name: maps["relevance"][j, i, :n].tolist() for i, name in enumerate(self.reward_func_names)}
+                record = credit_sample(
+                    step=self.state.global_step, example_id=str(inputs[j].get("example_id", "")),
+                    method=self.args.method, names=self.reward_func_names, rewards=local_rewards[j].tolist(),
+                    token_ids=ids, tokens=[self.processing_class.decode([i]) for i in ids],
+                    weights=weights[j, :, :n], advantage=advantages[j, :n],
+                    relevance=relevance[j, :, :n] if relevance is not None else None)
                 f.write(json.dumps(record) + "\n")
 
 

@@ -1,0 +1,110 @@
+"""``MRTPOConfig``: TRL's ``GRPOConfig`` plus the credit-assignment knobs, and the keys and loss
+settings the trainer (:mod:`mrtpo.trainer`) shares with it.
+
+Validation happens at construction, so a wrong setting fails before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from mrtpo.credit import RELEVANCE_KINDS, available_methods, get_method
+from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER
+
+#: Loss settings whose objective is built on one advantage (or ratio) per sequence.
+SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
+#: TRL's ``multi_objective_aggregation`` that computes a method's sequence advantages (by its
+#: ``CreditMethod.sequence``); TRL's own advantages are then the ones the method averages to.
+TRL_AGGREGATION = {"grpo": "sum_then_normalize", "gdpo": "normalize_then_sum"}
+#: Key of the ``(B,)`` sequence advantages in the batches handed to TRL's loss.
+SEQUENCE_ADVANTAGES_KEY = "mrtpo_sequence_advantages"
+#: Key of the ``(B,)`` bool marking completions whose advantage is zero at every token (they cannot
+#: move the policy; the update leaves them out where that is exact: :meth:`MRTPOTrainer._skips_zero_rows`).
+ZERO_ADVANTAGE_KEY = "mrtpo_zero_advantage"
+#: TRL loss types whose normaliser does not depend on the rows in the micro-batch: ``num_items_in_batch``,
+#: the global token count of the generation batch, computed before the split. Dropping rows whose
+#: per-token loss is 0 then leaves the loss and its gradient unchanged.
+GLOBAL_NORMALISER_LOSSES = ("dapo", "cispo")
+#: Every per-row key of a text-only batch from TRL's ``_generate_and_score_completions`` (and ours);
+#: a batch with any other key (images, ...) is never split by row.
+ROW_KEYS = frozenset({
+    "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
+    "sampling_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio", "tool_mask",
+    SEQUENCE_ADVANTAGES_KEY, ZERO_ADVANTAGE_KEY,
+})
+
+
+@dataclass
+class MRTPOConfig(GRPOConfig):
+    """GRPOConfig plus the credit-assignment knobs of SPEC §1 (validated in ``__post_init__``)."""
+
+    method: str = field(default="mrtpo", metadata={"help": "credit method: grpo, gdpo, mrtpo, contrast, entropy"})
+    relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})
+    lam: float = field(default=1.0, metadata={"help": "weight interpolation: 0 uniform, 1 proportional to relevance"})
+    w_max: float | None = field(default=None, metadata={"help": "cap on one token's weight (then renormalised); None: no cap"})
+    relevance_chunk_size: int | None = field(default=None, metadata={"help": "positions per relevance chunk; None: auto"})
+    relevance_top_k: int | None = field(default=None, metadata={"help": "top-k approximation of the JS sum; None: exact"})
+    replay_micro_batch: int | None = field(default=None, metadata={"help": "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group"})
+    privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
+    credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
+    credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
+    shared_prompt_generation: bool = field(default=True, metadata={"help": (
+        "prefill each distinct prompt once before sampling its group (transformers generation, text only)")})
+    shared_prompt_update: bool = field(default=True, metadata={"help": (
+        "run each distinct prompt once in the update's forward and the completions on its KV cache "
+        "(same loss and gradient; not under activation checkpointing, which drops the cache)")})
+    multi_objective_aggregation: str | None = field(default=None, metadata={"help": (
+        "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused")})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.method not in available_methods():
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(available_methods())}")
+        if self.relevance not in RELEVANCE_KINDS:
+            raise ValueError(f"unknown relevance {self.relevance!r}; choose one of {', '.join(RELEVANCE_KINDS)}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+        if self.w_max is not None and self.w_max < 1.0:
+            raise ValueError(f"w_max must be >= 1 (weights average to 1) or None, got {self.w_max}")
+        if self.relevance_chunk_size is not None and self.relevance_chunk_size < 1:
+            raise ValueError(f"relevance_chunk_size must be >= 1 or None, got {self.relevance_chunk_size}")
+        if self.replay_micro_batch is not None and self.replay_micro_batch < 1:
+            raise ValueError(f"replay_micro_batch must be >= 1 or None, got {self.replay_micro_batch}")
+        if self.relevance_top_k is not None:
+            if self.relevance_top_k < 1:
+                raise ValueError(f"relevance_top_k must be >= 1 or None, got {self.relevance_top_k}")
+            if self.relevance != "js":
+                raise ValueError("relevance_top_k approximates the JS sum; it needs relevance='js'")
+        if not self.privileged_header.strip():
+            raise ValueError("privileged_header must be a non-empty line")
+        if self.credit_samples < 0:
+            raise ValueError(f"credit_samples must be >= 0, got {self.credit_samples}")
+        if self.loss_type in SEQUENCE_LEVEL_LOSSES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} assumes one advantage per sequence; token-level credit needs a "
+                "token-level loss: use one of 'dapo' (default), 'grpo', 'bnpo', 'dr_grpo', 'cispo', 'sapo'"
+            )
+        aggregation = TRL_AGGREGATION[get_method(self.method).sequence]
+        if self.multi_objective_aggregation not in (None, aggregation):
+            raise ValueError(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r} contradicts method={self.method!r}, "
+                f"whose advantages aggregate the rewards as {aggregation!r}: the method decides how rewards are "
+                "combined; leave multi_objective_aggregation unset (or choose another method)"
+            )
+        if self.scale_rewards != "group":
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} is not supported: grpo divides by each group's std "
+                "(scale_rewards='group'); the GDPO family (gdpo, mrtpo, contrast, entropy) divides each reward by its "
+                "group's std and the sum by the batch's (credit_batch_norm). Leave scale_rewards='group'"
+            )
+        if self.importance_sampling_level != "token":
+            raise ValueError(
+                "importance_sampling_level='sequence' (GSPO) weighs whole sequences; token-level credit needs "
+                "importance_sampling_level='token'"
+            )
+
+
+__all__ = ["GLOBAL_NORMALISER_LOSSES", "ROW_KEYS", "SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES",
+           "TRL_AGGREGATION", "ZERO_ADVANTAGE_KEY", "MRTPOConfig"]

@@ -1,0 +1,139 @@
+"""What the trainer writes down: every log line to ``metrics.jsonl``, the process's peak memory,
+and the per-reward credit metrics and token-weight samples of a generation batch.
+
+Pure functions of tensors (no trainer inside); :class:`mrtpo.trainer.MRTPOTrainer` gathers the
+per-process sums they return over processes and logs them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import TrainerCallback
+
+
+class MetricsJSONL(TrainerCallback):
+    """Writes every log line as JSON to ``<output_dir>/metrics.jsonl`` (appends across resumes).
+
+    On resume, lines logged after the checkpoint's step (by the interrupted run) are dropped, so
+    the file reads as one continuous run.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= state.global_step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, "time": time.time()}
+        record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str)) or v is None})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process so far, GiB: the accelerator's peak allocation on CUDA, the peak
+    resident set size (``ru_maxrss``, KiB on Linux) elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def top_share_and_set(weights: Tensor, length: int) -> tuple[float, set[int]]:
+    """Share of a response's total weight on its top 10 % of tokens, and those token positions."""
+    top = max(1, math.ceil(0.1 * length))
+    w = weights[:length]
+    idx = torch.topk(w, top).indices
+    total = float(w.sum())
+    return (float(w[idx].sum()) / total if total > 0 else 0.0), set(idx.tolist())
+
+
+def credit_metric_keys(names: Sequence[str]) -> list[str]:
+    """The credit metric keys for rewards ``names``, in the order :func:`credit_metric_sums` fills them."""
+    keys = [f"credit/{n}/{m}" for n in names for m in ("top10_share", "weight_entropy", "relevance_mean")]
+    keys += [f"credit/top10_overlap/{names[a]}~{names[c]}" for a in range(len(names)) for c in range(a + 1, len(names))]
+    return keys
+
+
+def credit_metric_sums(weights: Tensor, lengths: Sequence[int], names: Sequence[str], *, skipped: Tensor | None = None,
+                       relevance: Tensor | None = None, has_evidence: Tensor | None = None) -> Tensor:
+    """``(len(keys), 2)`` float64 ``(sum, count)`` per key of :func:`credit_metric_keys`, over this
+    process's completions; summing over processes and dividing gives the global means.
+
+    ``weights`` ``(B, K, T)`` token weights, ``lengths`` the ``B`` completion lengths; ``skipped``
+    ``(B, K)`` bool marks (completion, reward) pairs whose map was not computed (a zero
+    coefficient): their uniform weights say nothing about where credit went, so they are left out.
+    ``relevance`` ``(B, K, T)`` with ``has_evidence`` ``(B, K)`` adds each reward's mean relevance.
+    Per completion and reward: the share of weight on its top 10 % of tokens, the normalised
+    entropy of its weights (1 = uniform), and for each pair of rewards the Jaccard overlap of
+    their top-10 % token sets.
+    """
+    keys = credit_metric_keys(names)
+    index = {key: i for i, key in enumerate(keys)}
+    sums = torch.zeros(len(keys), 2, dtype=torch.float64)
+
+    def add(key: str, value: float) -> None:
+        sums[index[key], 0] += value
+        sums[index[key], 1] += 1
+
+    for j, n in enumerate(lengths):
+        if n == 0:
+            continue
+        tops: list[set[int] | None] = []
+        for i, name in enumerate(names):
+            if skipped is not None and skipped[j, i]:
+                tops.append(None)
+                continue
+            w = weights[j, i, :n]
+            share, top = top_share_and_set(w, n)
+            tops.append(top)
+            add(f"credit/{name}/top10_share", share)
+            p = w / w.sum() if w.sum() > 0 else torch.full_like(w, 1.0 / n)
+            add(f"credit/{name}/weight_entropy",
+                float(-(p * p.clamp_min(1e-12).log()).sum()) / math.log(n) if n > 1 else 1.0)
+            if relevance is not None and has_evidence is not None and has_evidence[j, i]:
+                add(f"credit/{name}/relevance_mean", float(relevance[j, i, :n].mean()))
+        for a in range(len(names)):
+            for c in range(a + 1, len(names)):
+                if tops[a] is not None and tops[c] is not None:
+                    add(f"credit/top10_overlap/{names[a]}~{names[c]}", len(tops[a] & tops[c]) / len(tops[a] | tops[c]))
+    return sums
+
+
+def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[str], rewards: Sequence[float],
+                  token_ids: Sequence[int], tokens: Sequence[str], weights: Tensor, advantage: Tensor,
+                  relevance: Tensor | None = None) -> dict[str, Any]:
+    """One line of ``credit_samples.jsonl`` (the token-credit view): a completion's tokens with each
+    reward's weights ``(K, n)``, its advantage ``(n,)`` and, for ``mrtpo``, its relevance ``(K, n)``;
+    a NaN reward (not scored) is written as ``null``."""
+    record = {
+        "step": step, "example_id": example_id, "method": method,
+        "rewards": {name: None if math.isnan(r) else r for name, r in zip(names, rewards)},
+        "token_ids": list(token_ids), "tokens": list(tokens),
+        "weights": {name: weights[i].tolist() for i, name in enumerate(names)},
+        "advantage": advantage.tolist(),
+    }
+    if relevance is not None:
+        record["relevance"] = {name: relevance[i].tolist() for i, name in enumerate(names)}
+    return record
+
+
+__all__ = ["MetricsJSONL", "credit_metric_keys", "credit_metric_sums", "credit_sample", "peak_memory_gib",
+           "top_share_and_set"]
