@@ -122,9 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.evaluate import evaluate_model
     from mrtpo.models import load_policy
     from mrtpo.replay import counterfactual_text
+    from mrtpo.shared_prompt import generate_with_shared_prefill
     from mrtpo.tasks.toolcall import ToolCallTask, parse_completion
     from mrtpo.tasks.toolcall.prompt import render_prompt, system_prompt
     from mrtpo.warm_start import TASK_DEFAULTS, fit_rows, run_sft, task_rows
+    from mrtpo.warning_filters import filter_dependency_warnings
+
+    filter_dependency_warnings()  # as the mrtpo commands do: pinned dependencies' own deprecations
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -202,18 +206,14 @@ def main(argv: list[str] | None = None) -> int:
             ids, mask = enc["input_ids"], enc["attention_mask"]
             with torch.no_grad():
                 # each prompt is read once and its KV cache copied to its samples (num_return_sequences
-                # would read it once per sample); checked to give the same tokens on a tiny model
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
-                cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                              use_cache=True, logits_to_keep=1).past_key_values
-                cache.batch_repeat_interleave(args.samples)
-                gen = model.generate(input_ids=ids.repeat_interleave(args.samples, 0),
-                                     attention_mask=mask.repeat_interleave(args.samples, 0), past_key_values=cache,
-                                     do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                     repetition_penalty=1.0,
-                                     max_new_tokens=args.max_new_tokens, eos_token_id=stop_ids,
-                                     pad_token_id=tok.pad_token_id,
-                                     stopping_criteria=StoppingCriteriaList([FormatDecided(width)]))
+                # would read it once per sample): mrtpo.shared_prompt, as the trainer samples
+                gen = generate_with_shared_prefill(model, model.generate, ids.repeat_interleave(args.samples, 0),
+                                                   mask.repeat_interleave(args.samples, 0),
+                                                   do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                                   repetition_penalty=1.0,
+                                                   max_new_tokens=args.max_new_tokens, eos_token_id=stop_ids,
+                                                   pad_token_id=tok.pad_token_id,
+                                                   stopping_criteria=StoppingCriteriaList([FormatDecided(width)]))
             for j, i in enumerate(idx):
                 rows = gen[j * args.samples:(j + 1) * args.samples, width:]
                 texts[i] = [tok.decode(r, skip_special_tokens=True) for r in rows]
