@@ -173,9 +173,9 @@ def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch):
     seen = record_batches(trainer)
     trainer.train()
     # Groups of 2 completions; has_letter_e has no spread (never replayed), char_code has in most groups:
-    # the base and char_code's contexts, prefix + 2 per context = 5 calls a pass.
+    # the base and char_code's contexts: prefix, contexts' own tokens, completions = 3 calls a pass.
     spread = (seen[0]["rewards"][:, 1].view(-1, 2).std(1) > 0).repeat_interleave(2)  # (B,) per completion
-    assert spread.any() and trainer.replay_forward_calls == spread.sum().item() // 2 * 5 * (1 if micro_batch is None else 2)
+    assert spread.any() and trainer.replay_forward_calls == spread.sum().item() // 2 * 3 * (1 if micro_batch is None else 2)
     samples = [json.loads(x) for x in (tmp_path / "credit_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and not any(any(s["relevance"]["has_letter_e"]) for s in samples)
     model, tok = tiny_policy(seed=0)  # the weights the first batch was replayed with

@@ -286,8 +286,8 @@ class ForwardCounter:
 
 def _shared_prefix_length(contexts: Sequence[Sequence[int]]) -> int:
     """Tokens of the common prefix :func:`group_context_logits` runs once: the longest common prefix,
-    leaving every context at least two tokens of its own (its suffix runs on the prefix's cache, its
-    last token with the completions)."""
+    leaving every context at least two tokens of its own when it has them (its own tokens but the
+    last run on the prefix's cache, the last one with the completions)."""
     return max(0, min(common_prefix_length(contexts), min(len(c) for c in contexts) - 2))
 
 
@@ -300,55 +300,76 @@ def group_context_logits(
 ):
     """For each context, the logits ``(G, T, V)`` predicting every token of ``G`` completions.
 
-    ``contexts``: token ids of the prompts (the original one and its counterfactuals);
+    ``contexts``: token ids of the ``C`` prompts (the original one and its counterfactuals);
     ``completions``: ``(G, T)`` right-padded completion ids (padding never influences a valid
-    position: attention is causal). Yields ``(context_index, logits)`` one context at a time, in
-    the model's dtype, so only one ``(G, T, V)`` tensor per context is alive (the relevance kernels
-    upcast chunk by chunk).
+    position: attention is causal). Yields ``(context_index, logits)`` in context order; the
+    logits are views of one ``(C·G, T, V)`` tensor in the model's dtype (the relevance kernels
+    upcast chunk by chunk). Repeated contexts run once and share their logits, so identical
+    contexts give identical logits (and a relevance of exactly 0).
 
-    Every context goes through the same path: the common prefix of all contexts is run once and its
-    KV cache reused; each context's own suffix but its last token runs on a copy of that cache; the
-    cache is repeated for the ``G`` completions, and ``[last context token, completion[:-1]]`` runs
-    as one batch, whose logits are the ``(G, T, V)`` directly (no first-position concatenation).
-    So identical contexts give identical logits, and the shared prompt is paid once per group.
+    At most three forward calls, whatever ``C`` and ``G``: the common prefix of all contexts once;
+    every context's own tokens but its last as one left-padded batch on the prefix's cache (pads
+    masked, positions continuing the prefix); then all ``C × G`` rows ``[last context token,
+    completion[:-1]]`` as one batch on that cache, repeated per completion. Every context goes
+    through the same path, and the shared prompt is paid once per group.
     """
     key = _cache_keyword(model)
     counter = counter or ForwardCounter()
     device = next(underlying_model(model).parameters()).device
     g, t = completions.shape
+    distinct: dict[tuple[int, ...], int] = {}
+    slots = [distinct.setdefault(tuple(int(x) for x in ctx), len(distinct)) for ctx in contexts]
+    contexts = [list(ctx) for ctx in distinct]
+    c = len(contexts)
     completions = completions.to(device)
     prefix_len = _shared_prefix_length(contexts)
-    prefix_cache = None
+    cache = None
     if prefix_len > 0:
         prefix = torch.tensor([list(contexts[0][:prefix_len])], dtype=torch.long, device=device)
-        prefix_cache = _returned_cache(model(input_ids=prefix, use_cache=True))
+        cache = _returned_cache(model(input_ids=prefix, use_cache=True))
         counter.calls += 1
-    for index, ctx in enumerate(contexts):
-        cache = copy.deepcopy(prefix_cache) if prefix_cache is not None else None
-        head = list(ctx[prefix_len:-1])
-        if head:
-            kwargs = {key: cache} if cache is not None else {}
-            out = model(input_ids=torch.tensor([head], dtype=torch.long, device=device), use_cache=True, **kwargs)
-            cache = _returned_cache(out)
-            counter.calls += 1
-        last = torch.full((g, 1), int(ctx[-1]), dtype=torch.long, device=device)
-        inputs = torch.cat([last, completions[:, :-1]], dim=1)
-        kwargs = {}
-        if cache is not None:
-            cache.batch_repeat_interleave(g)
-            kwargs = {key: cache}
-        attention = torch.ones(g, len(ctx) - 1 + t, dtype=torch.long, device=device)
-        out = model(input_ids=inputs, attention_mask=attention, use_cache=cache is not None, **kwargs)
+        cache.batch_repeat_interleave(c)
+    heads = [list(ctx[prefix_len:-1]) for ctx in contexts]
+    width = max(map(len, heads))
+    past_mask = torch.ones(c, prefix_len, dtype=torch.long, device=device)
+    if width > 0:
+        ids = torch.zeros(c, width, dtype=torch.long, device=device)
+        head_mask = torch.zeros(c, width, dtype=torch.long, device=device)
+        positions = torch.zeros(c, width, dtype=torch.long, device=device)
+        for row, head in enumerate(heads):
+            if head:
+                ids[row, width - len(head):] = torch.tensor(head, device=device)
+                head_mask[row, width - len(head):] = 1
+                positions[row, width - len(head):] = torch.arange(prefix_len, prefix_len + len(head), device=device)
+        past_mask = torch.cat([past_mask, head_mask], dim=1)
+        kwargs = {key: cache} if cache is not None else {}
+        out = model(input_ids=ids, attention_mask=past_mask, position_ids=positions, use_cache=True, **kwargs)
+        cache = _returned_cache(out)
         counter.calls += 1
-        yield index, out.logits
+    last = torch.tensor([int(ctx[-1]) for ctx in contexts], device=device)
+    inputs = torch.cat([last.repeat_interleave(g).unsqueeze(1), completions[:, :-1].repeat(c, 1)], dim=1)
+    starts = torch.tensor([len(ctx) - 1 for ctx in contexts], device=device).repeat_interleave(g)
+    positions = starts.unsqueeze(1) + torch.arange(t, device=device)
+    attention = torch.cat([past_mask.repeat_interleave(g, dim=0),
+                           torch.ones(c * g, t, dtype=torch.long, device=device)], dim=1)
+    kwargs = {}
+    if cache is not None:
+        cache.batch_repeat_interleave(g)
+        kwargs = {key: cache}
+    out = model(input_ids=inputs, attention_mask=attention, position_ids=positions, use_cache=cache is not None,
+                **kwargs)
+    counter.calls += 1
+    logits = out.logits.view(c, g, t, -1)
+    for index, slot in enumerate(slots):
+        yield index, logits[slot]
 
 
 def group_forward_calls(contexts: Sequence[Sequence[int]]) -> int:
-    """Forward calls :func:`group_context_logits` makes for these contexts, whatever the completions'
-    length: the common prefix once (if any), then per context its suffix but the last token (if
-    any) and the completions."""
+    """Forward calls :func:`group_context_logits` makes for these contexts, whatever their number and
+    the completions' shape: the common prefix (if any), the contexts' own tokens but the last (if
+    any context has more than one of its own), and the completions."""
     prefix = _shared_prefix_length(contexts)
-    return (1 if prefix > 0 else 0) + sum(2 if len(c) - prefix > 1 else 1 for c in contexts)
+    return (1 if prefix > 0 else 0) + (1 if any(len(ctx) - prefix > 1 for ctx in contexts) else 0) + 1
 
 
 @dataclass
@@ -387,8 +408,9 @@ def group_relevance(
     (``in_prompt``: the original; ``privileged``: the counterfactual), which matters for ``kl``.
     ``completions``: ``(G, T)`` right-padded ids of the group's completions, ``lengths``: ``(G,)``.
     ``micro_batch``: replay at most this many completions at once (``None``: the whole group).
-    The logits held at a time scale with it (about 12-14 bytes x rows x T x V); each pass
-    re-runs the contexts, so :func:`replay_passes` times the forward calls of one pass.
+    The logits held at a time scale with it and with the contexts (all contexts of a pass run as
+    one batch: 2 (bf16) or 4 (fp32) bytes x contexts x rows x T x V, plus the kernels' fp32 chunks);
+    each pass re-runs the contexts, so :func:`replay_passes` times the forward calls of one pass.
     The maps are built on the model's device without a host copy per context; ``on_device`` returns
     them there (a caller replaying many groups copies once at the end), else on the CPU.
     """
