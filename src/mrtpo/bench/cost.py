@@ -16,7 +16,8 @@ replay's forward calls and tokens, and two floors for the replay:
 Then each phase against its floor (:mod:`mrtpo.bench.floors`): generation against the decode
 floor; the update, run the three ways the trainer can run it (TRL's rows under activation
 checkpointing, TRL's rows, each distinct prompt once), against the forward + backward floor over
-its unique tokens. ``--profile`` adds torch.profiler's top ops of each update.
+its unique tokens. ``--profile`` adds torch.profiler's top ops of the trainer's update (``shared``; profiling
+the ``rows`` modes of the default model too ran a 24 GB machine out of memory).
 
 Printed and written as JSON (``runs/bench/cost.json``).
 """
@@ -52,9 +53,16 @@ def _parse(argv):
     add_sampling_arguments(p, prompts=2, max_new_tokens=64, methods="grpo,gdpo,mrtpo,contrast,entropy", dtype="float32")
     p.add_argument("--top-k", type=int, help="top-k approximation of the JS sum in the replays (default: exact)")
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank on q/k/v/o for the update (0: full fine-tuning)")
-    p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of each update mode")
+    p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of the trainer's update (the shared mode)")
+    p.add_argument("--update-modes", default=",".join(UPDATE_MODES),
+                   help="comma-separated update modes timed against the floor (rows without checkpointing holds "
+                        "every position's full-vocabulary logits: ~21 GB on the default model)")
     p.add_argument("--out", type=Path, default=Path("runs/bench/cost.json"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = set(args.update_modes.split(",")) - set(UPDATE_MODES)
+    if unknown:
+        p.error(f"unknown update mode(s) {', '.join(sorted(unknown))}; choose from {', '.join(UPDATE_MODES)}")
+    return args
 
 
 def _timed(fn):
@@ -218,14 +226,14 @@ def _floors(model, initial_state, batch: UpdateBatch, groups, args, generation_s
     new_tokens = args.group_size * sum(int(lengths.max()) for *_, lengths in groups)
     phases = {"generation": (generation_s, decode_s)}
     floor_s = update_floor_seconds(model, batch)
-    for mode in UPDATE_MODES:
+    for mode in args.update_modes.split(","):
         model.load_state_dict(initial_state)
         phases[f"update ({mode})"] = (update_seconds(model, batch, mode), floor_s)
     tokens = batch.unique_tokens()
     record = {"phases": phases, "tokens": tokens, "decode_tokens_per_s": new_tokens / decode_s,
               "floor_tokens_per_s": (tokens["prompt"] + tokens["completion"]) / floor_s}
     if args.profile:
-        record["profile"] = {mode: profile_update(model, batch, mode) for mode in UPDATE_MODES}
+        record["profile"] = {"shared": profile_update(model, batch, "shared")}
     model.load_state_dict(initial_state)
     return record
 
