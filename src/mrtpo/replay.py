@@ -506,25 +506,9 @@ def replay_completion(
 
 
 __all__ = [
-    "DEFAULT_PRIVILEGED_HEADER",
-    "ForwardCounter",
-    "GroupRelevance",
-    "group_relevance",
-    "common_prefix_length",
-    "group_context_logits",
-    "group_forward_calls",
-    "EvidenceNotFoundError",
-    "ReplayResult",
-    "append_privileged",
-    "completion_logits",
-    "counterfactual_prompt",
-    "counterfactual_text",
-    "cut",
-    "default_render_prompt",
-    "prompt_renderer",
-    "remove_span",
-    "replay_completion",
-    "replay_contexts",
-    "replay_passes",
-    "underlying_model",
+    "DEFAULT_PRIVILEGED_HEADER", "EvidenceNotFoundError", "ForwardCounter", "GroupRelevance", "ReplayResult",
+    "append_privileged", "common_prefix_length", "completion_logits", "counterfactual_prompt",
+    "counterfactual_text", "cut", "default_render_prompt", "group_context_logits", "group_forward_calls",
+    "group_relevance", "prompt_renderer", "remove_span", "replay_completion", "replay_contexts",
+    "replay_passes", "underlying_model"
 ]
