@@ -165,8 +165,9 @@ def test_trainer_generates_with_shared_prefill(tmp_path):
     its 6-row batch; with ``shared_prompt_generation=False`` every row prefills itself."""
 
     def forward_shapes(**settings):
+        # gdpo: no replay, whose batched contexts (2 here) would also make 2-row forwards
         trainer = make_trainer(tmp_path, [has_letter_e, char_code], max_steps=1, num_generations=G,
-                               per_device_train_batch_size=6, **settings)
+                               per_device_train_batch_size=6, method="gdpo", **settings)
         shapes = []
         trainer.model.register_forward_pre_hook(
             lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
