@@ -10,7 +10,7 @@ import re
 import pytest
 from datasets import Dataset
 
-from mrtpo.replay import counterfactual_prompt, cut, prompt_renderer
+from mrtpo.counterfactual import counterfactual_prompt, cut, prompt_renderer
 from mrtpo.rewards import VerifierReward
 from mrtpo.tasks import get_task
 from mrtpo.testing import tiny_policy
@@ -154,7 +154,7 @@ def test_instructions_counterfactual_is_the_prompt_built_without_the_constraint(
 
 def test_joint_counterfactual_and_string_prompts(tok):
     """Several spans at once; a span across two messages falls back to the rendered string."""
-    from mrtpo.replay import counterfactual_text
+    from mrtpo.counterfactual import counterfactual_text
     from mrtpo.verifiers import Evidence
 
     render = lambda msgs: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)  # noqa: E731
@@ -171,7 +171,7 @@ def test_joint_counterfactual_and_string_prompts(tok):
 
 
 def test_rewards_sharing_one_evidence_remove_it_once_in_the_joint_counterfactual():
-    from mrtpo.replay import counterfactual_text
+    from mrtpo.counterfactual import counterfactual_text
     from mrtpo.verifiers import Evidence
 
     messages = [{"role": "user", "content": "Write a poem. Include the word cat at least twice. Be brief."}]

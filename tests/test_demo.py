@@ -11,7 +11,8 @@ import torch
 from mrtpo.credit import relevance_weights
 from mrtpo.demo import main as demo_main
 from mrtpo.models import load_policy
-from mrtpo.replay import prompt_renderer, replay_completion
+from mrtpo.counterfactual import prompt_renderer
+from mrtpo.replay import replay_completion
 from mrtpo.tasks import get_task
 
 

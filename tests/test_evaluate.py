@@ -24,7 +24,7 @@ from mrtpo.evaluate import (
     resolve_checkpoint,
     stop_token_ids,
 )
-from mrtpo.replay import prompt_renderer
+from mrtpo.counterfactual import prompt_renderer
 from mrtpo.tasks import get_task
 from mrtpo.testing import tiny_policy
 

@@ -10,7 +10,7 @@ import pytest
 import mrtpo.gym.task  # noqa: F401  (registers the gym tasks)
 from mrtpo.gym import answer, call, constraints
 from mrtpo.gym.vocab import WORDS, gym_tokenizer
-from mrtpo.replay import remove_span
+from mrtpo.counterfactual import remove_span
 from mrtpo.tasks import get_task
 from mrtpo.verifiers import Example
 

@@ -3,16 +3,15 @@
 import pytest
 import torch
 
-from mrtpo.replay import (
+from mrtpo.counterfactual import (
     EvidenceNotFoundError,
     append_privileged,
-    completion_logits,
     counterfactual_prompt,
     default_render_prompt,
     prompt_renderer,
     remove_span,
-    replay_completion,
 )
+from mrtpo.replay import completion_logits, replay_completion
 from mrtpo.testing import tiny_policy
 from mrtpo.verifiers import Evidence, Example
 
@@ -250,3 +249,56 @@ def test_group_forward_calls_counts_what_the_replay_makes(policy, texts, complet
     for c_idx, ctx in enumerate(contexts):
         expected = completion_logits(model, torch.tensor(ctx), completions[0])
         torch.testing.assert_close(got[c_idx][0], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_shared_lengths_read_the_original_up_to_each_departure():
+    """Hand-made token ids: a late removal shares the original up to the cut, an appended reference
+    shares it all but the last token, an early departure shares nothing, and every context keeps
+    its last token for the completions."""
+    from mrtpo.replay import group_forward_calls, shared_lengths
+
+    original = [1, 2, 3, 4, 5, 6]
+    removed_late = [1, 2, 3, 5, 6]            # departs at index 3
+    appended = [1, 2, 3, 4, 5, 9, 9, 6]      # departs at index 5 (the original's last token differs)
+    early = [8, 2, 3, 4, 5, 6]               # departs at index 0
+    prefix_of_original = [1, 2, 3]           # a prefix: keeps its own last token
+    assert shared_lengths([original, removed_late, appended, early, prefix_of_original]) == [5, 3, 5, 0, 2]
+    assert group_forward_calls([original, list(original)]) == 2          # the trunk, the completions
+    assert group_forward_calls([original, removed_late]) == 3             # + the departed tokens
+    assert group_forward_calls([original, [1, 2, 3, 4, 6]]) == 2          # departs at its last token
+    assert group_forward_calls([[7], [8]]) == 1                           # one-token contexts: the completions only
+
+
+@pytest.mark.parametrize("texts", [
+    ["Rules: be brief. Question: why? Keep it short.", "Question: why? Keep it short.",      # departs at once
+     "Rules: be brief. Question: why?", "Rules: be brief. Question: why? Keep it short. Reference: 42"],
+    ["Rules: be brief. Question: why?", "Q"],                     # a one-token context departing at once
+    ["Rules: be brief. Question: why?", "Question: why?",         # pads that see no shared token
+     "Keep it short. Rules: be brief. Question: why? Keep it short."],
+])
+def test_replay_masks_the_trunk_after_each_departure(policy, texts):
+    """Contexts departing from the original early, late or after its end each see exactly their own
+    tokens: the logits equal one plain forward per (context, completion) pair, and the contexts'
+    call runs only the departed tokens, never the whole prompt again."""
+    from mrtpo.replay import ForwardCounter, group_context_logits, shared_lengths
+
+    model, tok = policy
+    contexts = [tok(x, add_special_tokens=False)["input_ids"] for x in texts]
+    completions = [tok(" Because it rains.", add_special_tokens=False)["input_ids"], tok(" No.", add_special_tokens=False)["input_ids"]]
+    padded = torch.full((2, max(map(len, completions))), tok.pad_token_id)
+    for i, comp in enumerate(completions):
+        padded[i, : len(comp)] = torch.tensor(comp)
+    widths = []
+    hook = model.register_forward_pre_hook(lambda _m, args, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True)
+    try:
+        got = dict(group_context_logits(model, contexts, padded, ForwardCounter()))
+    finally:
+        hook.remove()
+    departed = [len(ctx) - 1 - s for ctx, s in zip(contexts, shared_lengths(contexts))]
+    assert widths[0] == (1, len(contexts[0]) - 1)                      # the trunk, once
+    if max(departed) > 0:
+        assert widths[1] == (len(contexts), max(departed))             # only the departed tokens
+    for c_idx, ctx in enumerate(contexts):
+        for g, comp in enumerate(completions):
+            expected = completion_logits(model, torch.tensor(ctx), torch.tensor(comp))
+            torch.testing.assert_close(got[c_idx][g, : len(comp)], expected, atol=2e-5, rtol=1e-4)

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from mrtpo.replay import EvidenceNotFoundError, counterfactual_text
+from mrtpo.counterfactual import EvidenceNotFoundError, counterfactual_text
 from mrtpo.tasks.toolcall import FORMAT_INSTRUCTION, ToolCallTask
 from mrtpo.tasks.toolcall.prompt import FormatInstructionError, check_format_instruction
 from mrtpo.testing import tiny_policy, tiny_tokenizer
@@ -27,7 +27,7 @@ def examples(task):
 
 def _renderer(example, tok):
     """messages -> prompt string, for ``counterfactual_text``, through the task's checked rendering
-    (as ``mrtpo.replay.counterfactual_prompt`` does)."""
+    (as ``mrtpo.counterfactual.counterfactual_prompt`` does)."""
     return lambda messages: ToolCallTask.render_prompt(dataclasses.replace(example, messages=messages), tok)
 
 

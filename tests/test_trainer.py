@@ -7,7 +7,7 @@ import torch
 from datasets import Dataset
 
 from mrtpo.credit import gdpo_advantages
-from mrtpo.replay import EvidenceNotFoundError
+from mrtpo.counterfactual import EvidenceNotFoundError
 from mrtpo.rewards import completion_text, evidence
 from mrtpo.testing import tiny_policy
 from mrtpo.trainer import MRTPOConfig, MRTPOTrainer

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from mrtpo.credit import CreditBatch, compute_advantages, relevance_weights
     from mrtpo.models import load_policy
-    from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, group_relevance, prompt_renderer, replay_contexts
+    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer, replay_contexts
+    from mrtpo.replay import group_relevance
     from mrtpo.sampling import sample_group
     from mrtpo.report.token_view import CompletionView, CreditRow, render_html
     from mrtpo.tasks import get_task

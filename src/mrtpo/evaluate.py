@@ -5,7 +5,7 @@
 
 Decoding is greedy (``do_sample=False``, one beam, no repetition penalty), so a run is
 deterministic: the same model, data and settings give the same outputs. Prompts are rendered
-exactly as in training (:func:`mrtpo.replay.prompt_renderer`), tokenized, grouped into batches
+exactly as in training (:func:`mrtpo.counterfactual.prompt_renderer`), tokenized, grouped into batches
 of similar length, left-padded and generated until a stop token (eos, ``<|im_end|>``,
 ``<|endoftext|>``, the pad token) or ``max_new_tokens``; outputs come back in example order.
 The task's own ``evaluate()`` scores them.
@@ -202,7 +202,7 @@ def default_max_new_tokens(task: Any) -> int:
 
 def _evaluate_timed(model, tokenizer, task, examples, batch_size, max_new_tokens, progress):
     """:func:`evaluate_model` plus the seconds spent generating and scoring."""
-    from mrtpo.replay import prompt_renderer
+    from mrtpo.counterfactual import prompt_renderer
 
     if max_new_tokens is None:
         max_new_tokens = default_max_new_tokens(task)

@@ -94,7 +94,8 @@ def explain(model, tokenizer, task, example, completion_ids: list[int], completi
     import torch
 
     from mrtpo.credit import CreditBatch, CreditConfig, get_method
-    from mrtpo.replay import prompt_renderer, replay_completion
+    from mrtpo.counterfactual import prompt_renderer
+    from mrtpo.replay import replay_completion
     from mrtpo.report.token_view import CompletionView, CreditRow
 
     verifiers = task.verifiers()
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from mrtpo.evaluate import EvalUserError, load_model
     from mrtpo.models import ModelLoadError
-    from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
+    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
     from mrtpo.report.token_view import render_html
     from mrtpo.tasks import get_task
 

@@ -1,217 +1,28 @@
 """Evidence replays: teacher-force a completion with and without a reward's evidence (SPEC §1 step 4).
 
-For each reward with evidence, the policy sees two contexts that differ only in that evidence:
-
-- ``in_prompt``: the original prompt (*with*) and the prompt with the evidence span removed
-  (*without*);
-- ``privileged``: the original prompt (*without*) and the prompt with the evidence appended to the
-  last user turn under a fixed header (*with*).
-
-The same completion tokens are scored under both contexts with plain no-grad forwards (full
-logits, never a fused log-prob head), both through the same code path, dtype and padding, so
-identical contexts give a relevance of exactly 0. This module returns relevance; which method
-uses it is decided in :mod:`mrtpo.credit`.
+The contexts come from :mod:`mrtpo.counterfactual` (the original prompt and, per reward, the prompt
+without its ``in_prompt`` evidence or with its ``privileged`` evidence appended). The same
+completion tokens are scored under every context with plain no-grad forwards (full logits, never a
+fused log-prob head), all through the same code path, dtype and padding, so identical contexts give
+a relevance of exactly 0. This module returns relevance; which method uses it is decided in
+:mod:`mrtpo.credit`.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, PromptRenderer, default_render_prompt, replay_contexts
 from mrtpo.credit import entropy as entropy_map
 from mrtpo.credit import relevance as relevance_fn
 from mrtpo.verifiers import Evidence, Example
-
-#: Header under which privileged evidence is appended to the last user turn.
-DEFAULT_PRIVILEGED_HEADER = "Reference information for checking the answer:"
-
-
-class EvidenceNotFoundError(ValueError):
-    """An ``in_prompt`` evidence span does not occur exactly once in the rendered prompt."""
-
-
-PromptRenderer = Callable[[Example], str]
-
-
-def default_render_prompt(example: Example, tokenizer: Any) -> str:
-    """The prompt string for ``example``: its chat template (with ``example.tools``) and the
-    generation prompt. Tasks that render differently provide ``render_prompt(example, tokenizer)``;
-    tokenizers without a chat template get a plain ``role: content`` transcript."""
-    if getattr(tokenizer, "chat_template", None):
-        kwargs = {"tools": example.tools} if example.tools else {}
-        return tokenizer.apply_chat_template(example.messages, tokenize=False, add_generation_prompt=True, **kwargs)
-    lines = [f"{m['role']}: {m['content']}" for m in example.messages]
-    return "\n".join([*lines, "assistant:"])
-
-
-def prompt_renderer(task: Any, tokenizer: Any) -> PromptRenderer:
-    """``example -> prompt string``: the task's own ``render_prompt`` if it has one, else the default."""
-    own = getattr(task, "render_prompt", None)
-    if own is not None:
-        return lambda example: own(example, tokenizer)
-    return lambda example: default_render_prompt(example, tokenizer)
-
-
-def _strength(separator: str) -> tuple[int, int]:
-    return separator.count("\n"), len(separator)
-
-
-def cut(text: str, start: int, end: int) -> str:
-    """``text`` without ``text[start:end]`` and the separator that went with it.
-
-    The whitespace runs on either side of the cut collapse into the stronger one (more newlines,
-    then longer): ``"A\nS\nB" -> "A\nB"``, ``"A\n\nS\nB" -> "A\n\nB"``, ``"A. S B" -> "A. B"``. At
-    the start or end of ``text`` the whitespace towards the cut goes entirely: ``"A\n\nS" -> "A"``.
-    """
-    before, after = text[:start], text[end:]
-    core_before, core_after = before.rstrip(), after.lstrip()
-    if not core_before:
-        return core_after
-    if not core_after:
-        return core_before
-    separator = max(before[len(core_before):], after[: len(after) - len(core_after)], key=_strength)
-    return core_before + separator + core_after
-
-
-def _require_once(text: str, span: str, verifier: str, example_id: str) -> None:
-    count = text.count(span)
-    if count != 1:
-        where = "does not occur" if count == 0 else f"occurs {count} times"
-        raise EvidenceNotFoundError(
-            f"in_prompt evidence of verifier {verifier!r} for example {example_id!r} {where} in the "
-            f"rendered prompt (it must occur exactly once): {span[:120]!r}"
-        )
-
-
-def remove_span(prompt: str, span: str, *, verifier: str = "?", example_id: str = "?") -> str:
-    """``prompt`` without ``span``, which must occur exactly once, and its separator (:func:`cut`)."""
-    _require_once(prompt, span, verifier, example_id)
-    start = prompt.index(span)
-    return cut(prompt, start, start + len(span))
-
-
-def append_privileged(messages: list[dict[str, Any]], text: str, header: str = DEFAULT_PRIVILEGED_HEADER) -> list[dict]:
-    """Copy of ``messages`` with ``text`` appended to the last user turn under ``header``."""
-    out = [dict(m) for m in messages]
-    for message in reversed(out):
-        if message.get("role") == "user":
-            message["content"] = f"{message['content']}\n\n{header}\n{text}"
-            return out
-    raise ValueError("privileged evidence needs a user message to append to; the prompt has none")
-
-
-def _message_holding(messages: Sequence[dict[str, Any]], span: str) -> int | None:
-    """Index of the one message whose text content holds ``span`` exactly once (else ``None``)."""
-    holders = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str) and span in m["content"]]
-    if len(holders) == 1 and messages[holders[0]]["content"].count(span) == 1:
-        return holders[0]
-    return None
-
-
-def counterfactual_text(
-    prompt: str | list[dict[str, Any]],
-    evidences: Sequence[Evidence],
-    render: Callable[[list[dict[str, Any]]], str],
-    header: str = DEFAULT_PRIVILEGED_HEADER,
-    *,
-    verifiers: Sequence[str] | None = None,
-    example_id: str = "?",
-) -> str:
-    """The prompt string with every ``in_prompt`` evidence removed and every ``privileged`` one appended.
-
-    ``prompt``: chat messages (rendered by ``render``) or a plain string. Each ``in_prompt`` span
-    must occur exactly once in the rendered prompt. A span inside one message is cut from that
-    message's content before rendering (:func:`cut`), so the result is the prompt rendered as if
-    the message had been written without it; a span across messages (or in text the template adds)
-    is cut from the rendered string. Privileged evidence goes to the last user turn under ``header``
-    (appended to a plain string). Several rewards may share one evidence (the same span, or the same
-    reference); the joint counterfactual removes or appends it once.
-    """
-    names = list(verifiers) if verifiers is not None else ["?"] * len(evidences)
-    unique = dict(zip(evidences, names))  # Evidence is frozen: equal text and placement collapse
-    evidences, names = list(unique), list(unique.values())
-    privileged = [ev.text for ev in evidences if ev.placement == "privileged"]
-    removed = [(ev.text, name) for ev, name in zip(evidences, names) if ev.placement == "in_prompt"]
-    if isinstance(prompt, str):
-        text = prompt + "".join(f"\n\n{header}\n{t}" for t in privileged)
-        for span, name in removed:
-            text = remove_span(text, span, verifier=name, example_id=example_id)
-        return text
-    messages = [dict(m) for m in prompt]
-    for t in privileged:
-        messages = append_privileged(messages, t, header)
-    rendered = render(messages)
-    in_rendered = []
-    for span, name in removed:
-        _require_once(rendered, span, name, example_id)
-        index = _message_holding(messages, span)
-        if index is None:
-            in_rendered.append((span, name))
-        else:
-            content = messages[index]["content"]
-            at = content.index(span)
-            messages[index] = {**messages[index], "content": cut(content, at, at + len(span))}
-    text = render(messages) if len(in_rendered) < len(removed) else rendered
-    for span, name in in_rendered:
-        text = remove_span(text, span, verifier=name, example_id=example_id)
-    return text
-
-
-def counterfactual_prompt(
-    example: Example,
-    evidences: Sequence[Evidence],
-    render: PromptRenderer,
-    header: str = DEFAULT_PRIVILEGED_HEADER,
-    *,
-    verifiers: Sequence[str] | None = None,
-) -> str:
-    """The prompt with every ``in_prompt`` evidence removed and every ``privileged`` one appended
-    (:func:`counterfactual_text` on ``example.messages``).
-
-    One evidence gives a reward's counterfactual; all of a prompt's evidence at once gives the
-    joint counterfactual of the ``contrast`` baseline.
-    """
-    return counterfactual_text(example.messages, evidences, lambda msgs: render(replace(example, messages=msgs)),
-                               header, verifiers=verifiers, example_id=example.id)
-
-
-def replay_contexts(
-    example: Example,
-    evidences: Sequence[Evidence | None],
-    render: PromptRenderer,
-    ids_of: Callable[[str], list[int]],
-    *,
-    names: Sequence[str],
-    per_reward: bool = True,
-    joint: bool = False,
-    header: str = DEFAULT_PRIVILEGED_HEADER,
-) -> tuple[list[list[int]], list[str], list[str]]:
-    """Token ids of one example's replay contexts, for :func:`group_relevance`.
-
-    Order: the original prompt; with ``per_reward`` one counterfactual per reward that has
-    evidence; with ``joint`` one counterfactual with all the evidence at once (``contrast``).
-    Returns ``(contexts, placements, names of the rewards with evidence)``; a joint context's
-    placement is ``in_prompt`` (the original carries the evidence, as for a removed span).
-    """
-    present = [(ev, n) for ev, n in zip(evidences, names) if ev is not None]
-    contexts = [ids_of(render(example))]
-    placements: list[str] = []
-    if per_reward:
-        for ev, n in present:
-            contexts.append(ids_of(counterfactual_prompt(example, [ev], render, header, verifiers=[n])))
-            placements.append(ev.placement)
-    if joint and present:
-        contexts.append(ids_of(counterfactual_prompt(example, [e for e, _ in present], render, header,
-                                                     verifiers=[n for _, n in present])))
-        placements.append("in_prompt")
-    return contexts, placements, [n for _, n in present]
 
 
 @torch.no_grad()
@@ -284,11 +95,17 @@ class ForwardCounter:
         self.kernel_s = 0.0
 
 
-def _shared_prefix_length(contexts: Sequence[Sequence[int]]) -> int:
-    """Tokens of the common prefix :func:`group_context_logits` runs once: the longest common prefix,
-    leaving every context at least two tokens of its own when it has them (its own tokens but the
-    last run on the prefix's cache, the last one with the completions)."""
-    return max(0, min(common_prefix_length(contexts), min(len(c) for c in contexts) - 2))
+def shared_lengths(contexts: Sequence[Sequence[int]]) -> list[int]:
+    """Per context, how many of its leading tokens it reads from the original's cache.
+
+    The original ``contexts[0]`` but its last token is the trunk, run once; every context shares
+    the trunk up to where it departs from the original (its common prefix with it) and keeps at
+    least its last token to run with the completions. A removed span or an appended reference
+    departs late, so a counterfactual costs only its tokens after the departure, not its whole
+    prompt again.
+    """
+    original = contexts[0]
+    return [min(common_prefix_length([ctx, original]), len(ctx) - 1, len(original) - 1) for ctx in contexts]
 
 
 @torch.no_grad()
@@ -300,18 +117,20 @@ def group_context_logits(
 ):
     """For each context, the logits ``(G, T, V)`` predicting every token of ``G`` completions.
 
-    ``contexts``: token ids of the ``C`` prompts (the original one and its counterfactuals);
-    ``completions``: ``(G, T)`` right-padded completion ids (padding never influences a valid
-    position: attention is causal). Yields ``(context_index, logits)`` in context order; the
-    logits are views of one ``(C·G, T, V)`` tensor in the model's dtype (the relevance kernels
-    upcast chunk by chunk). Repeated contexts run once and share their logits, so identical
-    contexts give identical logits (and a relevance of exactly 0).
+    ``contexts``: token ids of the ``C`` prompts (the original one first, then its
+    counterfactuals); ``completions``: ``(G, T)`` right-padded completion ids (padding never
+    influences a valid position: attention is causal). Yields ``(context_index, logits)`` in
+    context order; the logits are views of one ``(C·G, T, V)`` tensor in the model's dtype (the
+    relevance kernels upcast chunk by chunk). Repeated contexts run once and share their logits,
+    so identical contexts give identical logits (and a relevance of exactly 0).
 
-    At most three forward calls, whatever ``C`` and ``G``: the common prefix of all contexts once;
-    every context's own tokens but its last as one left-padded batch on the prefix's cache (pads
-    masked, positions continuing the prefix); then all ``C × G`` rows ``[last context token,
-    completion[:-1]]`` as one batch on that cache, repeated per completion. Every context goes
-    through the same path, and the shared prompt is paid once per group.
+    At most three forward calls, whatever ``C`` and ``G``: the original prompt but its last token
+    (the trunk) once; every context's tokens after its departure from the original
+    (:func:`shared_lengths`) but its last, as one left-padded batch on the trunk's cache, each
+    row seeing only the trunk positions it shares (the rest and the pads masked, positions
+    continuing its own prefix); then all ``C × G`` rows ``[last context token, completion[:-1]]``
+    as one batch on that cache, repeated per completion. Every context goes through the same
+    path, and the prompt is paid once per group.
     """
     key = _cache_keyword(model)
     counter = counter or ForwardCounter()
@@ -322,25 +141,26 @@ def group_context_logits(
     contexts = [list(ctx) for ctx in distinct]
     c = len(contexts)
     completions = completions.to(device)
-    prefix_len = _shared_prefix_length(contexts)
+    trunk_len = len(contexts[0]) - 1
+    shared = shared_lengths(contexts)
     cache = None
-    if prefix_len > 0:
-        prefix = torch.tensor([list(contexts[0][:prefix_len])], dtype=torch.long, device=device)
-        cache = _returned_cache(model(input_ids=prefix, use_cache=True))
+    if trunk_len > 0:
+        trunk = torch.tensor([contexts[0][:-1]], dtype=torch.long, device=device)
+        cache = _returned_cache(model(input_ids=trunk, use_cache=True))
         counter.calls += 1
         cache.batch_repeat_interleave(c)
-    heads = [list(ctx[prefix_len:-1]) for ctx in contexts]
+    past_mask = (torch.arange(trunk_len, device=device) < torch.tensor(shared, device=device).unsqueeze(1)).long()
+    heads = [ctx[s:-1] for ctx, s in zip(contexts, shared)]
     width = max(map(len, heads))
-    past_mask = torch.ones(c, prefix_len, dtype=torch.long, device=device)
     if width > 0:
         ids = torch.zeros(c, width, dtype=torch.long, device=device)
         head_mask = torch.zeros(c, width, dtype=torch.long, device=device)
         positions = torch.zeros(c, width, dtype=torch.long, device=device)
-        for row, head in enumerate(heads):
+        for row, (head, start) in enumerate(zip(heads, shared)):
             if head:
                 ids[row, width - len(head):] = torch.tensor(head, device=device)
                 head_mask[row, width - len(head):] = 1
-                positions[row, width - len(head):] = torch.arange(prefix_len, prefix_len + len(head), device=device)
+                positions[row, width - len(head):] = torch.arange(start, start + len(head), device=device)
         past_mask = torch.cat([past_mask, head_mask], dim=1)
         kwargs = {key: cache} if cache is not None else {}
         out = model(input_ids=ids, attention_mask=past_mask, position_ids=positions, use_cache=True, **kwargs)
@@ -366,10 +186,11 @@ def group_context_logits(
 
 def group_forward_calls(contexts: Sequence[Sequence[int]]) -> int:
     """Forward calls :func:`group_context_logits` makes for these contexts, whatever their number and
-    the completions' shape: the common prefix (if any), the contexts' own tokens but the last (if
-    any context has more than one of its own), and the completions."""
-    prefix = _shared_prefix_length(contexts)
-    return (1 if prefix > 0 else 0) + (1 if any(len(ctx) - prefix > 1 for ctx in contexts) else 0) + 1
+    the completions' shape: the trunk (if the original has more than one token), the contexts'
+    tokens after their departure but the last (if any context has some), and the completions."""
+    shared = shared_lengths(contexts)
+    heads = any(len(ctx) - 1 > s for ctx, s in zip(contexts, shared))
+    return (1 if len(contexts[0]) > 1 else 0) + (1 if heads else 0) + 1
 
 
 @dataclass
@@ -506,9 +327,7 @@ def replay_completion(
 
 
 __all__ = [
-    "DEFAULT_PRIVILEGED_HEADER", "EvidenceNotFoundError", "ForwardCounter", "GroupRelevance", "ReplayResult",
-    "append_privileged", "common_prefix_length", "completion_logits", "counterfactual_prompt",
-    "counterfactual_text", "cut", "default_render_prompt", "group_context_logits", "group_forward_calls",
-    "group_relevance", "prompt_renderer", "remove_span", "replay_completion", "replay_contexts",
-    "replay_passes", "underlying_model"
+    "ForwardCounter", "GroupRelevance", "ReplayResult", "common_prefix_length", "completion_logits",
+    "group_context_logits", "group_forward_calls", "group_relevance", "replay_completion", "replay_passes",
+    "shared_lengths", "underlying_model",
 ]

@@ -147,7 +147,7 @@ def build_trainer(config: RunConfig):
     from transformers.trainer_callback import ProgressCallback
 
     from mrtpo.models import load_policy
-    from mrtpo.replay import prompt_renderer
+    from mrtpo.counterfactual import prompt_renderer
     from mrtpo.rewards import VerifierReward
     from mrtpo.tasks import get_task
     from mrtpo.trainer import MRTPOTrainer

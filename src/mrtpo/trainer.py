@@ -52,13 +52,8 @@ from mrtpo.credit import (
     group_normalize,
     reward_coefficients,
 )
-from mrtpo.replay import (
-    ForwardCounter,
-    counterfactual_text,
-    group_forward_calls,
-    group_relevance,
-    replay_passes,
-)
+from mrtpo.counterfactual import counterfactual_text
+from mrtpo.replay import ForwardCounter, group_forward_calls, group_relevance, replay_passes
 from mrtpo.rewards import declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer_config import (
@@ -209,7 +204,7 @@ class MRTPOTrainer(GRPOTrainer):
 
     def _counterfactual(self, prompt: Any, evidences: list[Evidence], names: list[str], example_id: str) -> str:
         """The prompt with each ``in_prompt`` evidence removed and each ``privileged`` one appended
-        (:func:`mrtpo.replay.counterfactual_text`, as ``mrtpo.replay.counterfactual_prompt``)."""
+        (:func:`mrtpo.counterfactual.counterfactual_text`, as ``mrtpo.counterfactual.counterfactual_prompt``)."""
         return counterfactual_text(prompt, evidences, self._render, self.args.privileged_header,
                                    verifiers=names, example_id=example_id)
 

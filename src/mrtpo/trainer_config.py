@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from mrtpo.credit import RELEVANCE_KINDS, available_methods, get_method
-from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER
+from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
 SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")

@@ -50,7 +50,7 @@ def completion_for(tokenizer: Any, messages: list[dict[str, Any]], prompt: str, 
 def task_rows(task: Any, tokenizer: Any, limit: int | None = None) -> list[dict[str, str]]:
     """``[{"id", "prompt", "completion"}]`` from ``task.warm_start_pairs()`` (training split only),
     prompts rendered exactly as RL renders them (the task's ``render_prompt``)."""
-    from mrtpo.replay import prompt_renderer
+    from mrtpo.counterfactual import prompt_renderer
 
     pairs_of = getattr(task, "warm_start_pairs", None)
     if pairs_of is None:

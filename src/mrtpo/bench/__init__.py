@@ -61,7 +61,8 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
     import torch
 
     from mrtpo.credit import CreditBatch, CreditConfig, get_method
-    from mrtpo.replay import group_relevance, replay_contexts
+    from mrtpo.counterfactual import replay_contexts
+    from mrtpo.replay import group_relevance
     from mrtpo.sampling import sample_group
 
     def ids_of(text: str) -> list[int]:

@@ -9,9 +9,10 @@ replay's forward calls and tokens, and two floors for the replay:
 
 - ``naive floor``: one plain no-grad forward over every (context, completion) sequence, i.e.
   what a replay without prefix sharing must at least spend;
-- ``unique-token floor``: plain forwards over only the tokens the shared-prefix replay feeds
-  the model (common prefix once, each context's suffix, each completion once per context),
-  each piece run on its own (so attention to the cached prefix is not counted: a lower bound).
+- ``unique-token floor``: plain forwards over only the tokens the prefix-sharing replay feeds
+  the model (the original prompt once, each other context from where it departs from it, each
+  completion once per context), each piece run on its own (so attention to the cached prompt is
+  not counted: a lower bound).
 
 Then each phase against its floor (:mod:`mrtpo.bench.floors`): generation against the decode
 floor; the update, run the three ways the trainer can run it (TRL's rows under activation
@@ -43,7 +44,8 @@ from mrtpo.bench.floors import (
     update_seconds,
 )
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
-from mrtpo.replay import ForwardCounter, common_prefix_length, group_relevance, prompt_renderer, replay_contexts
+from mrtpo.counterfactual import prompt_renderer, replay_contexts
+from mrtpo.replay import ForwardCounter, group_relevance, shared_lengths
 from mrtpo.sampling import sample_group
 
 
@@ -172,12 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                         has[sl, k] = True
                 comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
                 naive += [(list(ctx) + c, len(c) + 1) for ctx in contexts for c in comp_lists]
-                prefix = max(0, min(common_prefix_length(contexts), min(map(len, contexts)) - 1))
-                if prefix:
-                    unique.append((list(contexts[0][:prefix]), 1))
-                for ctx in contexts:  # each context: its own suffix once, then every completion once
-                    unique.append((list(ctx[prefix:]), 1))
-                    unique += [(c, len(c)) for c in comp_lists]
+                distinct = [list(ctx) for ctx in dict.fromkeys(tuple(ctx) for ctx in contexts)]
+                unique.append((distinct[0], 1))  # the original once, each context from where it departs
+                unique += [(ctx[s:], 1) for ctx, s in zip(distinct[1:], shared_lengths(distinct)[1:])]
+                unique += [(c, len(c)) for _ in distinct for c in comp_lists]  # every completion per context
         replay_s = time.perf_counter() - replay_start
         credit = CreditBatch(rewards, args.group_size, mask, relevance=relevance, has_evidence=has if relevance is not None else None,
                              joint_relevance=joint, entropy=ent)

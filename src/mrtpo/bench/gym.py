@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mrtpo.config import parse_overrides
     from mrtpo.models import load_policy
-    from mrtpo.replay import prompt_renderer
+    from mrtpo.counterfactual import prompt_renderer
     from mrtpo.sampling import sample_group
     from mrtpo.tasks import get_task
 

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     from mrtpo.models import load_policy
-    from mrtpo.replay import prompt_renderer
+    from mrtpo.counterfactual import prompt_renderer
     from mrtpo.tasks import get_task
 
     methods = method_list(args.methods)

@@ -16,7 +16,7 @@ from typing import Any
 
 from mrtpo.gym import answer, call, constraints
 from mrtpo.gym.base import GymVerifier, Words, example_rng
-from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER, append_privileged
+from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, append_privileged
 from mrtpo.tasks import register_task
 from mrtpo.verifiers import Example
 

@@ -8,7 +8,7 @@ positions are token positions, and the end-of-turn token sits at index ``len(wor
 
 from __future__ import annotations
 
-from mrtpo.replay import DEFAULT_PRIVILEGED_HEADER
+from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER
 
 #: Content words by category (the ``filter`` operation and the call schemas read the categories).
 CATEGORIES: dict[str, tuple[str, ...]] = {

@@ -31,7 +31,7 @@ class Task(Protocol):
         ...
 
     # Optional: ``render_prompt(example, tokenizer) -> str``, the exact prompt string the policy
-    # sees. Generation and the evidence replays both use it (see mrtpo.replay.prompt_renderer);
+    # sees. Generation and the evidence replays both use it (see mrtpo.counterfactual.prompt_renderer);
     # without it the chat template is applied to ``example.messages`` with ``example.tools``.
     #
     # Optional, for ``mrtpo bench lift``: ``checked_spans(example, text)`` -> ``[(reward name, span
