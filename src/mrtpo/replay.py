@@ -130,7 +130,8 @@ def group_context_logits(
     row seeing only the trunk positions it shares (the rest and the pads masked, positions
     continuing its own prefix); then all ``C × G`` rows ``[last context token, completion[:-1]]``
     as one batch on that cache, repeated per completion. Every context goes through the same
-    path, and the prompt is paid once per group.
+    path, and the prompt is paid once per group. The first two calls skip the vocabulary head
+    (``logits_to_keep=1``): only their cache is read.
     """
     key = _cache_keyword(model)
     counter = counter or ForwardCounter()
@@ -146,7 +147,7 @@ def group_context_logits(
     cache = None
     if trunk_len > 0:
         trunk = torch.tensor([contexts[0][:-1]], dtype=torch.long, device=device)
-        cache = _returned_cache(model(input_ids=trunk, use_cache=True))
+        cache = _returned_cache(model(input_ids=trunk, use_cache=True, logits_to_keep=1))  # only its cache is used
         counter.calls += 1
         cache.batch_repeat_interleave(c)
     past_mask = (torch.arange(trunk_len, device=device) < torch.tensor(shared, device=device).unsqueeze(1)).long()
@@ -163,7 +164,8 @@ def group_context_logits(
                 positions[row, width - len(head):] = torch.arange(start, start + len(head), device=device)
         past_mask = torch.cat([past_mask, head_mask], dim=1)
         kwargs = {key: cache} if cache is not None else {}
-        out = model(input_ids=ids, attention_mask=past_mask, position_ids=positions, use_cache=True, **kwargs)
+        out = model(input_ids=ids, attention_mask=past_mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                    **kwargs)
         cache = _returned_cache(out)
         counter.calls += 1
     last = torch.tensor([int(ctx[-1]) for ctx in contexts], device=device)
