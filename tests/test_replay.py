@@ -140,7 +140,7 @@ def test_identical_contexts_give_identical_logits_through_the_cache_path(policy)
 @pytest.mark.parametrize("micro_batch", [1, 2])
 def test_group_relevance_in_micro_batches_equals_one_pass(policy, micro_batch):
     """Replaying a group a few completions at a time changes the memory, not the maps."""
-    from mrtpo.replay import ForwardCounter, group_relevance, replay_passes
+    from mrtpo.replay import ForwardCounter, group_relevance, plan_passes
 
     model, tok = policy
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -158,8 +158,8 @@ def test_group_relevance_in_micro_batches_equals_one_pass(policy, micro_batch):
                             micro_batch=micro_batch, counter=counter)
     torch.testing.assert_close(parts.maps, whole.maps, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(parts.entropy, whole.entropy, atol=1e-5, rtol=1e-4)
-    assert replay_passes(3, micro_batch) == (3 if micro_batch == 1 else 2)
-    assert counter.calls == replay_passes(3, micro_batch) * 3
+    assert len(plan_passes([3], micro_batch)) == (3 if micro_batch == 1 else 2)
+    assert counter.calls == len(plan_passes([3], micro_batch)) * 3
     assert parts.maps[:, 1, int(lengths[1]):].abs().sum() == 0
 
 
@@ -302,3 +302,88 @@ def test_replay_masks_the_trunk_after_each_departure(policy, texts):
         for g, comp in enumerate(completions):
             expected = completion_logits(model, torch.tensor(ctx), torch.tensor(comp))
             torch.testing.assert_close(got[c_idx][g, : len(comp)], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_plan_passes_packs_groups_by_count_and_completions():
+    """Hand-made sizes: one group per pass by default, a group split by the micro-batch continues in
+    the next pass, any number of groups when ``groups_per_pass`` is None, empty groups take no room."""
+    from mrtpo.replay import plan_passes
+
+    s = slice
+    assert plan_passes([4, 4]) == [[(0, s(0, 4))], [(1, s(0, 4))]]
+    assert plan_passes([3], micro_batch=2) == [[(0, s(0, 2))], [(0, s(2, 3))]]
+    assert plan_passes([4, 4, 4], groups_per_pass=None) == [[(0, s(0, 4)), (1, s(0, 4)), (2, s(0, 4))]]
+    assert plan_passes([4, 4, 4], groups_per_pass=2) == [[(0, s(0, 4)), (1, s(0, 4))], [(2, s(0, 4))]]
+    assert plan_passes([3, 3], micro_batch=4, groups_per_pass=None) == [[(0, s(0, 3)), (1, s(0, 1))], [(1, s(1, 3))]]
+    assert plan_passes([2, 0, 2], groups_per_pass=None) == [[(0, s(0, 2)), (2, s(0, 2))]]
+    assert plan_passes([]) == []
+    with pytest.raises(ValueError, match="groups_per_pass"):
+        plan_passes([2], groups_per_pass=0)
+
+
+def replay_groups(tok):
+    """Three groups unlike each other: prompts of different lengths and departures, 3 / 2 / 1
+    completions of different widths, a repeated context, and a one-token original."""
+    from mrtpo.replay import ReplayGroup
+
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+
+    def padded(texts):
+        ids = [enc(x) for x in texts]
+        out = torch.full((len(ids), max(map(len, ids))), tok.pad_token_id)
+        for i, x in enumerate(ids):
+            out[i, : len(x)] = torch.tensor(x)
+        return out, torch.tensor([len(x) for x in ids])
+
+    first = ReplayGroup([enc("Rules: be brief. Q: why?"), enc("Rules: Q: why?"), enc("Rules: be brief. Q: why? Ref: 42")],
+                        ["in_prompt", "privileged"], *padded([" Because it rains.", " No.", " Maybe so, later."]))
+    second = ReplayGroup([enc("A much longer prompt with several rules. Be kind. Answer in French. Q: who?"),
+                          enc("A much longer prompt with several rules. Answer in French. Q: who?"),
+                          enc("A much longer prompt with several rules. Be kind. Answer in French. Q: who?")],
+                         ["in_prompt", "in_prompt"], *padded([" Nobody at all, I think.", " Oui."]))
+    third = ReplayGroup([enc("Q")[:1], enc("Q: hi")], ["privileged"], *padded([" Hello there friend, it has been long."]))
+    return [first, second, third]
+
+
+@pytest.mark.parametrize("micro_batch,groups_per_pass", [(None, None), (None, 2), (2, None)])
+def test_groups_sharing_a_pass_give_each_groups_own_maps(policy, micro_batch, groups_per_pass):
+    """Several groups in one pass of three forward calls (left-padded trunks, each row masked to its
+    own group) give the maps of replaying each group alone, and the planned call count is exact."""
+    from mrtpo.replay import ForwardCounter, batch_relevance, group_relevance, replay_forward_calls
+
+    model, tok = policy
+    groups = replay_groups(tok)
+    counter = ForwardCounter()
+    together = batch_relevance(model, groups, with_entropy=True, micro_batch=micro_batch,
+                               groups_per_pass=groups_per_pass, counter=counter)
+    contexts, sizes = [g.contexts for g in groups], [g.completions.shape[0] for g in groups]
+    assert counter.calls == replay_forward_calls(contexts, sizes, micro_batch, groups_per_pass)
+    assert replay_forward_calls(contexts, sizes, None, None) == 3          # all groups, one pass
+    assert replay_forward_calls(contexts, sizes, None, 1) == 3 + 3 + 2     # the third: a one-token trunk
+    for group, got in zip(groups, together):
+        alone = group_relevance(model, group.contexts, group.placements, group.completions, group.lengths,
+                                with_entropy=True)
+        assert got.maps.shape == alone.maps.shape
+        torch.testing.assert_close(got.maps, alone.maps, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got.entropy, alone.entropy, atol=1e-5, rtol=1e-4)
+    assert together[1].maps[1].abs().sum() == 0   # its second counterfactual repeats the original
+    assert together[0].maps.abs().sum() > 0 and together[2].maps.abs().sum() > 0
+
+
+def test_a_shared_pass_equals_plain_forwards(policy):
+    """Every (group, context, completion) logit of one shared pass equals one plain forward of that
+    pair alone: no row sees another group's prompt or its pads."""
+    from mrtpo.replay import ForwardCounter, pass_context_logits
+
+    model, tok = policy
+    groups = replay_groups(tok)
+    counter = ForwardCounter()
+    got = list(pass_context_logits(model, [(g.contexts, g.completions) for g in groups], counter))
+    assert counter.calls == 3
+    assert [(m, c) for m, c, _ in got] == [(m, c) for m, g in enumerate(groups) for c in range(len(g.contexts))]
+    for m, c, logits in got:
+        group = groups[m]
+        assert logits.shape[:2] == group.completions.shape
+        for row, n in enumerate(group.lengths.tolist()):
+            expected = completion_logits(model, torch.tensor(group.contexts[c]), group.completions[row, :n])
+            torch.testing.assert_close(logits[row, :n], expected, atol=2e-5, rtol=1e-4)

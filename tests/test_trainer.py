@@ -161,21 +161,24 @@ def test_config_validation_messages(tmp_path):
             config(tmp_path, scale_rewards=scale)
 
 
-@pytest.mark.parametrize("micro_batch", [None, 1])
-def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch):
+@pytest.mark.parametrize("micro_batch,groups_per_pass", [(None, 1), (1, 1), (None, None)])
+def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch, groups_per_pass):
     """The trainer's grouped, KV-shared replay gives the relevance of replaying the pair alone,
-    whether a group's completions replay together or one at a time (``replay_micro_batch``)."""
+    whether a group's completions replay together or one at a time (``replay_micro_batch``), and
+    whether each group has its own pass or all groups share one (``replay_groups_per_pass``)."""
     from mrtpo.replay import replay_completion
     from mrtpo.verifiers import Example
 
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], max_steps=1,
-                           replay_micro_batch=micro_batch, credit_samples=4)
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], max_steps=1, per_device_train_batch_size=8,
+                           replay_micro_batch=micro_batch, replay_groups_per_pass=groups_per_pass, credit_samples=4)
     seen = record_batches(trainer)
     trainer.train()
-    # Groups of 2 completions; has_letter_e has no spread (never replayed), char_code has in most groups:
-    # the base and char_code's contexts: prefix, contexts' own tokens, completions = 3 calls a pass.
+    # 4 groups of 2 completions; has_letter_e has no spread (never replayed), char_code has in most groups:
+    # the base and char_code's contexts: prefix, contexts' own tokens, completions = 3 calls a pass;
+    # a pass per group (two with micro-batches of 1), or one pass for all groups.
     spread = (seen[0]["rewards"][:, 1].view(-1, 2).std(1) > 0).repeat_interleave(2)  # (B,) per completion
-    assert spread.any() and trainer.replay_forward_calls == spread.sum().item() // 2 * 3 * (1 if micro_batch is None else 2)
+    passes = 1 if groups_per_pass is None else spread.sum().item() // 2 * (1 if micro_batch is None else 2)
+    assert spread.sum() >= 4 and trainer.replay_forward_calls == 3 * passes
     samples = [json.loads(x) for x in (tmp_path / "credit_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and not any(any(s["relevance"]["has_letter_e"]) for s in samples)
     model, tok = tiny_policy(seed=0)  # the weights the first batch was replayed with

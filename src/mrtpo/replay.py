@@ -109,54 +109,70 @@ def shared_lengths(contexts: Sequence[Sequence[int]]) -> list[int]:
 
 
 @torch.no_grad()
-def group_context_logits(
+def pass_context_logits(
     model: Any,
-    contexts: Sequence[Sequence[int]],
-    completions: Tensor,
+    members: Sequence[tuple[Sequence[Sequence[int]], Tensor]],
     counter: ForwardCounter | None = None,
 ):
-    """For each context, the logits ``(G, T, V)`` predicting every token of ``G`` completions.
+    """For each member group and each of its contexts, the logits ``(G, T, V)`` predicting every
+    token of the member's ``G`` completions.
 
-    ``contexts``: token ids of the ``C`` prompts (the original one first, then its
-    counterfactuals); ``completions``: ``(G, T)`` right-padded completion ids (padding never
-    influences a valid position: attention is causal). Yields ``(context_index, logits)`` in
-    context order; the logits are views of one ``(C·G, T, V)`` tensor in the model's dtype (the
-    relevance kernels upcast chunk by chunk). Repeated contexts run once and share their logits,
-    so identical contexts give identical logits (and a relevance of exactly 0).
+    ``members``: one ``(contexts, completions)`` pair per prompt group replayed in this pass:
+    ``contexts`` the token ids of its ``C`` prompts (the original one first, then its
+    counterfactuals), ``completions`` ``(G, T)`` right-padded ids (padding never influences a valid
+    position: attention is causal). Yields ``(member_index, context_index, logits)``, members in
+    order and each member's contexts in order; the logits are views of one ``(Σ C·G, T_max, V)``
+    tensor in the model's dtype (the relevance kernels upcast chunk by chunk). A member's repeated
+    contexts run once and share their logits, so identical contexts give identical logits (and a
+    relevance of exactly 0).
 
-    At most three forward calls, whatever ``C`` and ``G``: the original prompt but its last token
-    (the trunk) once; every context's tokens after its departure from the original
-    (:func:`shared_lengths`) but its last, as one left-padded batch on the trunk's cache, each
-    row seeing only the trunk positions it shares (the rest and the pads masked, positions
-    continuing its own prefix); then all ``C × G`` rows ``[last context token, completion[:-1]]``
-    as one batch on that cache, repeated per completion. Every context goes through the same
-    path, and the prompt is paid once per group. The first two calls skip the vocabulary head
-    (``logits_to_keep=1``): only their cache is read.
+    At most three forward calls, whatever the number of members, contexts and completions: every
+    member's original prompt but its last token (its trunk), left-padded into one batch; every
+    context's tokens after its departure from its original (:func:`shared_lengths`) but its last,
+    as one left-padded batch on the trunks' cache, each row seeing only the trunk positions of its
+    own group it shares (the rest and the pads masked, positions continuing its own prefix); then
+    all ``Σ C × G`` rows ``[last context token, completion[:-1]]`` as one batch on that cache,
+    repeated per completion. Every context goes through the same path, and each prompt is paid once
+    per pass. The first two calls skip the vocabulary head (``logits_to_keep=1``): only their cache
+    is read.
     """
     key = _cache_keyword(model)
     counter = counter or ForwardCounter()
     device = next(underlying_model(model).parameters()).device
-    g, t = completions.shape
-    distinct: dict[tuple[int, ...], int] = {}
-    slots = [distinct.setdefault(tuple(int(x) for x in ctx), len(distinct)) for ctx in contexts]
-    contexts = [list(ctx) for ctx in distinct]
-    c = len(contexts)
-    completions = completions.to(device)
-    trunk_len = len(contexts[0]) - 1
-    shared = shared_lengths(contexts)
+    slots, member_contexts = [], []
+    for contexts, _ in members:
+        distinct: dict[tuple[int, ...], int] = {}
+        slots.append([distinct.setdefault(tuple(int(x) for x in ctx), len(distinct)) for ctx in contexts])
+        member_contexts.append([list(ctx) for ctx in distinct])
+    trunk_lens = [len(contexts[0]) - 1 for contexts in member_contexts]
+    trunk_width = max(trunk_lens)
+    row_member = [m for m, contexts in enumerate(member_contexts) for _ in contexts]
+    rows = [ctx for contexts in member_contexts for ctx in contexts]
+    shared = [s for contexts in member_contexts for s in shared_lengths(contexts)]
+    member_index = torch.tensor(row_member, device=device)
     cache = None
-    if trunk_len > 0:
-        trunk = torch.tensor([contexts[0][:-1]], dtype=torch.long, device=device)
-        cache = _returned_cache(model(input_ids=trunk, use_cache=True, logits_to_keep=1))  # only its cache is used
+    if trunk_width > 0:
+        ids = torch.zeros(len(members), trunk_width, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        positions = torch.zeros_like(ids)
+        for m, (contexts, length) in enumerate(zip(member_contexts, trunk_lens)):
+            if length:
+                ids[m, trunk_width - length:] = torch.tensor(contexts[0][:-1], device=device)
+                mask[m, trunk_width - length:] = 1
+                positions[m, trunk_width - length:] = torch.arange(length, device=device)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        cache = _returned_cache(out)  # only its cache is used
         counter.calls += 1
-        cache.batch_repeat_interleave(c)
-    past_mask = (torch.arange(trunk_len, device=device) < torch.tensor(shared, device=device).unsqueeze(1)).long()
-    heads = [ctx[s:-1] for ctx, s in zip(contexts, shared)]
+        cache.reorder_cache(member_index)
+    pad = torch.tensor([trunk_width - trunk_lens[m] for m in row_member], device=device).unsqueeze(1)
+    column = torch.arange(trunk_width, device=device)
+    past_mask = ((column >= pad) & (column < pad + torch.tensor(shared, device=device).unsqueeze(1))).long()
+    heads = [ctx[s:-1] for ctx, s in zip(rows, shared)]
     width = max(map(len, heads))
     if width > 0:
-        ids = torch.zeros(c, width, dtype=torch.long, device=device)
-        head_mask = torch.zeros(c, width, dtype=torch.long, device=device)
-        positions = torch.zeros(c, width, dtype=torch.long, device=device)
+        ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+        head_mask = torch.zeros_like(ids)
+        positions = torch.zeros_like(ids)
         for row, (head, start) in enumerate(zip(heads, shared)):
             if head:
                 ids[row, width - len(head):] = torch.tensor(head, device=device)
@@ -168,31 +184,87 @@ def group_context_logits(
                     **kwargs)
         cache = _returned_cache(out)
         counter.calls += 1
-    last = torch.tensor([int(ctx[-1]) for ctx in contexts], device=device)
-    inputs = torch.cat([last.repeat_interleave(g).unsqueeze(1), completions[:, :-1].repeat(c, 1)], dim=1)
-    starts = torch.tensor([len(ctx) - 1 for ctx in contexts], device=device).repeat_interleave(g)
-    positions = starts.unsqueeze(1) + torch.arange(t, device=device)
-    attention = torch.cat([past_mask.repeat_interleave(g, dim=0),
-                           torch.ones(c * g, t, dtype=torch.long, device=device)], dim=1)
+    t = max(completions.shape[1] for _, completions in members)
+    padded = [torch.nn.functional.pad(completions.to(device), (0, t - completions.shape[1])) for _, completions in members]
+    per_row = torch.tensor([padded[m].shape[0] for m in row_member], device=device)
+    expand = torch.repeat_interleave(torch.arange(len(rows), device=device), per_row)
+    last = torch.tensor([int(ctx[-1]) for ctx in rows], device=device)
+    inputs = torch.cat([last[expand].unsqueeze(1),
+                        torch.cat([padded[m][:, :-1] for m in row_member])], dim=1)
+    starts = torch.tensor([len(ctx) - 1 for ctx in rows], device=device)[expand]
+    attention = torch.cat([past_mask[expand], torch.ones(len(expand), t, dtype=torch.long, device=device)], dim=1)
     kwargs = {}
     if cache is not None:
-        cache.batch_repeat_interleave(g)
+        cache.reorder_cache(expand)
         kwargs = {key: cache}
-    out = model(input_ids=inputs, attention_mask=attention, position_ids=positions, use_cache=cache is not None,
-                **kwargs)
+    out = model(input_ids=inputs, attention_mask=attention, position_ids=starts.unsqueeze(1) + torch.arange(t, device=device),
+                use_cache=cache is not None, **kwargs)
     counter.calls += 1
-    logits = out.logits.view(c, g, t, -1)
-    for index, slot in enumerate(slots):
-        yield index, logits[slot]
+    first_row = 0
+    for m, (member_slots, (_, completions)) in enumerate(zip(slots, members)):
+        g, t_m = completions.shape
+        for index, slot in enumerate(member_slots):
+            yield m, index, out.logits[first_row + slot * g:first_row + (slot + 1) * g, :t_m]
+        first_row += len(member_contexts[m]) * g
+
+
+def group_context_logits(model: Any, contexts: Sequence[Sequence[int]], completions: Tensor,
+                         counter: ForwardCounter | None = None):
+    """:func:`pass_context_logits` for one group: yields ``(context_index, logits (G, T, V))``."""
+    for _, index, logits in pass_context_logits(model, [(contexts, completions)], counter):
+        yield index, logits
+
+
+def pass_forward_calls(member_contexts: Sequence[Sequence[Sequence[int]]]) -> int:
+    """Forward calls :func:`pass_context_logits` makes for these groups' contexts, whatever their
+    number and the completions' shape: the trunks (if some original has more than one token), the
+    contexts' tokens after their departure but the last (if any context has some), the completions."""
+    trunk = any(len(contexts[0]) > 1 for contexts in member_contexts)
+    heads = any(len(ctx) - 1 > s for contexts in member_contexts for ctx, s in zip(contexts, shared_lengths(contexts)))
+    return int(trunk) + int(heads) + 1
 
 
 def group_forward_calls(contexts: Sequence[Sequence[int]]) -> int:
-    """Forward calls :func:`group_context_logits` makes for these contexts, whatever their number and
-    the completions' shape: the trunk (if the original has more than one token), the contexts'
-    tokens after their departure but the last (if any context has some), and the completions."""
-    shared = shared_lengths(contexts)
-    heads = any(len(ctx) - 1 > s for ctx, s in zip(contexts, shared))
-    return (1 if len(contexts[0]) > 1 else 0) + (1 if heads else 0) + 1
+    """:func:`pass_forward_calls` for one group."""
+    return pass_forward_calls([contexts])
+
+
+def plan_passes(sizes: Sequence[int], micro_batch: int | None = None,
+                groups_per_pass: int | None = 1) -> list[list[tuple[int, slice]]]:
+    """Pack groups of ``sizes[i]`` completions into replay passes: a list of passes, each a list of
+    ``(group index, completion rows)``.
+
+    A pass holds at most ``groups_per_pass`` groups (``None``: any number) and at most
+    ``micro_batch`` completions (``None``: any number); a group that does not fit in what is left of
+    a pass continues in the next one. Groups and rows keep their order; empty groups take no room.
+    """
+    if micro_batch is not None and micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1 or None, got {micro_batch}")
+    if groups_per_pass is not None and groups_per_pass < 1:
+        raise ValueError(f"groups_per_pass must be >= 1 or None, got {groups_per_pass}")
+    passes: list[list[tuple[int, slice]]] = []
+    current: list[tuple[int, slice]] = []
+    room = micro_batch
+    for group, size in enumerate(sizes):
+        first = 0
+        while first < size:
+            if current and (room == 0 or (groups_per_pass is not None and len(current) == groups_per_pass)):
+                passes.append(current)
+                current, room = [], micro_batch
+            take = size - first if room is None else min(size - first, room)
+            current.append((group, slice(first, first + take)))
+            first += take
+            room = None if room is None else room - take
+    if current:
+        passes.append(current)
+    return passes
+
+
+def replay_forward_calls(group_contexts: Sequence[Sequence[Sequence[int]]], sizes: Sequence[int],
+                         micro_batch: int | None = None, groups_per_pass: int | None = 1) -> int:
+    """Forward calls :func:`batch_relevance` makes for these groups (contexts, completion counts)."""
+    return sum(pass_forward_calls([group_contexts[group] for group, _ in members])
+               for members in plan_passes(sizes, micro_batch, groups_per_pass))
 
 
 @dataclass
@@ -204,17 +276,21 @@ class GroupRelevance:
     entropy: Tensor | None = None
 
 
-def replay_passes(group_size: int, micro_batch: int | None) -> int:
-    """How many passes :func:`group_relevance` makes over a group of ``group_size`` completions."""
-    return 1 if micro_batch is None or micro_batch >= group_size else -(-group_size // micro_batch)
+@dataclass
+class ReplayGroup:
+    """One prompt group to replay: ``contexts`` (the original prompt's ids first, then its
+    counterfactuals'), ``placements[i]`` the side of counterfactual ``i`` that carries the evidence,
+    ``completions`` ``(G, T)`` right-padded ids, ``lengths`` ``(G,)``."""
+
+    contexts: Sequence[Sequence[int]]
+    placements: Sequence[str]
+    completions: Tensor
+    lengths: Tensor
 
 
-def group_relevance(
+def batch_relevance(
     model: Any,
-    contexts: Sequence[Sequence[int]],
-    placements: Sequence[str],
-    completions: Tensor,
-    lengths: Tensor,
+    groups: Sequence[ReplayGroup],
     *,
     kind: str = "js",
     temperature: float = 1.0,
@@ -222,51 +298,59 @@ def group_relevance(
     top_k: int | None = None,
     with_entropy: bool = False,
     micro_batch: int | None = None,
+    groups_per_pass: int | None = 1,
     counter: ForwardCounter | None = None,
     on_device: bool = False,
-) -> GroupRelevance:
-    """Relevance of each counterfactual ``contexts[1:]`` against the original ``contexts[0]``.
+) -> list[GroupRelevance]:
+    """Relevance of each group's counterfactuals ``contexts[1:]`` against its original ``contexts[0]``.
 
-    ``placements[i]`` says which side of counterfactual ``i`` carries the evidence
-    (``in_prompt``: the original; ``privileged``: the counterfactual), which matters for ``kl``.
-    ``completions``: ``(G, T)`` right-padded ids of the group's completions, ``lengths``: ``(G,)``.
-    ``micro_batch``: replay at most this many completions at once (``None``: the whole group).
-    The logits held at a time scale with it and with the contexts (all contexts of a pass run as
-    one batch: 2 (bf16) or 4 (fp32) bytes x contexts x rows x T x V, plus the kernels' fp32 chunks);
-    each pass re-runs the contexts, so :func:`replay_passes` times the forward calls of one pass.
-    The maps are built on the model's device without a host copy per context; ``on_device`` returns
-    them there (a caller replaying many groups copies once at the end), else on the CPU.
+    ``placements`` say which side carries the evidence (``in_prompt``: the original;
+    ``privileged``: the counterfactual), which matters for ``kl``. The groups are replayed in the
+    passes of :func:`plan_passes` (``micro_batch``: at most that many completions per pass;
+    ``groups_per_pass``: at most that many groups, ``None``: all), each pass in the three forward
+    calls of :func:`pass_context_logits`, so the calls per step do not grow with the groups that
+    share a pass. The logits held at a time scale with a pass's rows: 2 (bf16) or 4 (fp32) bytes ×
+    Σ contexts × completions × T × V, plus the kernels' fp32 chunks. The maps are built on the
+    model's device without a host copy per context; ``on_device`` returns them there (a caller
+    that keeps replaying copies once at the end), else on the CPU.
     """
-    if len(placements) != len(contexts) - 1:
-        raise ValueError(f"need one placement per counterfactual: {len(contexts) - 1}, got {len(placements)}")
-    if micro_batch is not None and micro_batch < 1:
-        raise ValueError(f"micro_batch must be >= 1 or None, got {micro_batch}")
-    g, t = completions.shape
     device = next(underlying_model(model).parameters()).device
-    completions = completions.to(device)
-    mask = torch.arange(t, device=device).unsqueeze(0) < lengths.to(device).view(-1, 1)
-    maps = torch.zeros(len(contexts) - 1, g, t, device=device)
-    ent = torch.zeros(g, t, device=device) if with_entropy else None
-    step = g if replay_passes(g, micro_batch) == 1 else micro_batch
-    for first_row in range(0, g, step):
-        rows = slice(first_row, min(g, first_row + step))
-        sub = completions[rows]
+    results, masks = [], []
+    for group in groups:
+        if len(group.placements) != len(group.contexts) - 1:
+            raise ValueError(f"need one placement per counterfactual: {len(group.contexts) - 1}, "
+                             f"got {len(group.placements)}")
+        g, t = group.completions.shape
+        masks.append(torch.arange(t, device=device).unsqueeze(0) < group.lengths.to(device).view(-1, 1))
+        results.append(GroupRelevance(maps=torch.zeros(len(group.contexts) - 1, g, t, device=device),
+                                      entropy=torch.zeros(g, t, device=device) if with_entropy else None))
+    for members in plan_passes([group.completions.shape[0] for group in groups], micro_batch, groups_per_pass):
+        pieces = [(groups[index].contexts, groups[index].completions[rows].to(device)) for index, rows in members]
         base = None
-        for index, logits in group_context_logits(model, contexts, sub, counter):
+        for m, index, logits in pass_context_logits(model, pieces, counter):
             start = time.perf_counter()
+            group_index, rows = members[m]
+            group, result, mask = groups[group_index], results[group_index], masks[group_index][rows]
             if index == 0:
                 base = logits
                 if with_entropy:
-                    ent[rows] = entropy_map(base, mask[rows], chunk_size, temperature)
+                    result.entropy[rows] = entropy_map(base, mask, chunk_size, temperature)
             else:
-                with_ev, without_ev = (base, logits) if placements[index - 1] == "in_prompt" else (logits, base)
-                maps[index - 1, rows] = relevance_fn(kind, with_ev, without_ev, sub, mask[rows], chunk_size,
-                                                     temperature, top_k)
+                with_ev, without_ev = (base, logits) if group.placements[index - 1] == "in_prompt" else (logits, base)
+                result.maps[index - 1, rows] = relevance_fn(kind, with_ev, without_ev, pieces[m][1], mask,
+                                                            chunk_size, temperature, top_k)
             if counter is not None:
                 counter.kernel_s += time.perf_counter() - start
-    if on_device:
-        return GroupRelevance(maps=maps, entropy=ent)
-    return GroupRelevance(maps=maps.cpu(), entropy=ent.cpu() if ent is not None else None)
+    if not on_device:
+        results = [GroupRelevance(maps=r.maps.cpu(), entropy=r.entropy.cpu() if r.entropy is not None else None)
+                   for r in results]
+    return results
+
+
+def group_relevance(model: Any, contexts: Sequence[Sequence[int]], placements: Sequence[str], completions: Tensor,
+                    lengths: Tensor, **kwargs: Any) -> GroupRelevance:
+    """:func:`batch_relevance` of one group (same keywords): ``maps`` ``(C − 1, G, T)``."""
+    return batch_relevance(model, [ReplayGroup(contexts, placements, completions, lengths)], **kwargs)[0]
 
 
 @dataclass
@@ -329,7 +413,8 @@ def replay_completion(
 
 
 __all__ = [
-    "ForwardCounter", "GroupRelevance", "ReplayResult", "common_prefix_length", "completion_logits",
-    "group_context_logits", "group_forward_calls", "group_relevance", "replay_completion", "replay_passes",
-    "shared_lengths", "underlying_model",
+    "ForwardCounter", "GroupRelevance", "ReplayGroup", "ReplayResult", "batch_relevance", "common_prefix_length",
+    "completion_logits", "group_context_logits", "group_forward_calls", "group_relevance", "pass_context_logits",
+    "pass_forward_calls", "plan_passes", "replay_completion", "replay_forward_calls", "shared_lengths",
+    "underlying_model",
 ]

@@ -53,7 +53,7 @@ from mrtpo.credit import (
     reward_coefficients,
 )
 from mrtpo.counterfactual import counterfactual_text
-from mrtpo.replay import ForwardCounter, group_forward_calls, group_relevance, replay_passes
+from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, replay_forward_calls
 from mrtpo.rewards import declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer_config import (
@@ -241,8 +241,9 @@ class MRTPOTrainer(GRPOTrainer):
     def _replay(self, inputs: list[dict], out: dict, coefficients: Tensor | None = None) -> dict[str, Tensor | None]:
         """Relevance maps for this process's completions, as the credit method needs them.
 
-        Completions of the same prompt are replayed together (:func:`group_relevance`): each
-        context's prompt is encoded once per group, its KV cache shared by the group's completions.
+        Completions of the same prompt are replayed together (:func:`batch_relevance`): each
+        context's prompt is encoded once per pass, its KV cache shared by the group's completions,
+        and up to ``replay_groups_per_pass`` groups share a pass's three forward calls.
         ``coefficients`` ``(B, K)``: each completion's reward coefficients ``ω_k Â[j,k]``; a map that
         only multiplies zero coefficients is not computed (``None``: compute every map).
         Every rank first plans its groups and agrees with the others on the maximum number of
@@ -291,18 +292,18 @@ class MRTPOTrainer(GRPOTrainer):
             n = int(lengths[idx].max().item())
             if contexts and n > 0:
                 plan.append((replayed, contexts, idx, n))
-        micro_batch = self.args.replay_micro_batch
-        planned = sum(group_forward_calls(contexts) * replay_passes(len(idx), micro_batch)
-                      for _, contexts, idx, n in plan)
+        micro_batch, per_pass = self.args.replay_micro_batch, self.args.replay_groups_per_pass
+        planned = replay_forward_calls([contexts for _, contexts, _, _ in plan], [len(idx) for _, _, idx, _ in plan],
+                                       micro_batch, per_pass)
         target = self._agree_forward_calls(planned)
         counter = ForwardCounter()
-        for replayed, contexts, idx, n in plan:
-            completions = out["completion_ids"][idx, :n].cpu()
-            placements = [ev.placement for _, ev in replayed] if needs == "per_reward" else ["in_prompt"] * (len(contexts) - 1)
-            group = group_relevance(self.model, contexts, placements, completions, lengths[idx], kind=kind,
-                                    temperature=temperature, chunk_size=chunk, top_k=top_k,
-                                    with_entropy=needs == "entropy", micro_batch=micro_batch, counter=counter,
-                                    on_device=True)
+        replays = [ReplayGroup(contexts, [ev.placement for _, ev in replayed] if needs == "per_reward"
+                               else ["in_prompt"] * (len(contexts) - 1), out["completion_ids"][idx, :n].cpu(), lengths[idx])
+                   for replayed, contexts, idx, n in plan]
+        results = batch_relevance(self.model, replays, kind=kind, temperature=temperature, chunk_size=chunk, top_k=top_k,
+                                  with_entropy=needs == "entropy", micro_batch=micro_batch, groups_per_pass=per_pass,
+                                  counter=counter, on_device=True)
+        for (replayed, _, idx, n), group in zip(plan, results):
             if needs == "entropy":
                 ent[idx, :n] = group.entropy
             elif needs == "joint":
@@ -313,7 +314,7 @@ class MRTPOTrainer(GRPOTrainer):
                     has_evidence[idx, reward_index] = True
         if counter.calls != planned:
             raise RuntimeError(f"replay made {counter.calls} forward calls but planned {planned}: "
-                               "group_forward_calls no longer matches mrtpo.replay.group_context_logits")
+                               "replay_forward_calls no longer matches mrtpo.replay.pass_context_logits")
         self._pad_forward_calls(target - counter.calls)
         self.replay_forward_calls = target
         replayed_rows = sum(len(idx) for _, _, idx, _ in plan)

@@ -47,6 +47,7 @@ class MRTPOConfig(GRPOConfig):
     relevance_chunk_size: int | None = field(default=None, metadata={"help": "positions per relevance chunk; None: auto"})
     relevance_top_k: int | None = field(default=None, metadata={"help": "top-k approximation of the JS sum; None: exact"})
     replay_micro_batch: int | None = field(default=None, metadata={"help": "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group"})
+    replay_groups_per_pass: int | None = field(default=1, metadata={"help": "prompt groups replayed in one pass of three forward calls (fewer calls; logits memory grows with it); None: all of a step's groups"})
     privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
     credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
     credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
@@ -72,6 +73,8 @@ class MRTPOConfig(GRPOConfig):
             raise ValueError(f"relevance_chunk_size must be >= 1 or None, got {self.relevance_chunk_size}")
         if self.replay_micro_batch is not None and self.replay_micro_batch < 1:
             raise ValueError(f"replay_micro_batch must be >= 1 or None, got {self.replay_micro_batch}")
+        if self.replay_groups_per_pass is not None and self.replay_groups_per_pass < 1:
+            raise ValueError(f"replay_groups_per_pass must be >= 1 or None, got {self.replay_groups_per_pass}")
         if self.relevance_top_k is not None:
             if self.relevance_top_k < 1:
                 raise ValueError(f"relevance_top_k must be >= 1 or None, got {self.relevance_top_k}")
