@@ -167,3 +167,25 @@ def test_auto_chunk_size_keeps_one_buffer_under_the_budget():
     assert auto_chunk_size(151_936) == 27
     logits_p, logits_q = torch.randn(2, 40, 33), torch.randn(2, 40, 33)
     torch.testing.assert_close(js_distance(logits_p, logits_q), js_distance(logits_p, logits_q, chunk_size=5))
+
+
+@pytest.mark.parametrize("kind,top_k", [("js", None), ("js", 3), ("kl", None), ("logratio", None)])
+@pytest.mark.parametrize("chunk_size", [1, 4, None])
+def test_paired_relevance_equals_relevance_of_the_gathered_rows(kind, top_k, chunk_size):
+    """Pairs of rows of one (R, T, V) tensor, in any order and repeating rows, give the relevance
+    of the two gathered (N, T, V) tensors; masked positions stay 0; one row with itself gives 0."""
+    from mrtpo.credit import paired_entropy, paired_relevance
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 6, 11, generator=gen) * 3
+    with_rows, without_rows = torch.tensor([0, 0, 3, 4, 2]), torch.tensor([1, 2, 1, 4, 0])
+    ids = torch.randint(0, 11, (5, 6), generator=gen)
+    mask = torch.rand(5, 6, generator=gen) > 0.3
+    got = paired_relevance(kind, logits, with_rows, without_rows, ids, mask, chunk_size, 0.7, top_k)
+    expected = relevance(kind, logits[with_rows], logits[without_rows], ids, mask, chunk_size, 0.7, top_k)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    assert got[~mask].abs().sum() == 0 and got[3].abs().sum() == 0 and got[mask].abs().sum() > 0
+    torch.testing.assert_close(paired_entropy(logits, with_rows, mask, chunk_size, 0.7),
+                               entropy(logits[with_rows], mask, chunk_size, 0.7), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="rows"):
+        paired_relevance(kind, logits, with_rows[:2], without_rows, ids, mask)

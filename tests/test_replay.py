@@ -378,12 +378,14 @@ def test_a_shared_pass_equals_plain_forwards(policy):
     model, tok = policy
     groups = replay_groups(tok)
     counter = ForwardCounter()
-    got = list(pass_context_logits(model, [(g.contexts, g.completions) for g in groups], counter))
+    got = pass_context_logits(model, [(g.contexts, g.completions) for g in groups], counter)
     assert counter.calls == 3
-    assert [(m, c) for m, c, _ in got] == [(m, c) for m, g in enumerate(groups) for c in range(len(g.contexts))]
-    for m, c, logits in got:
-        group = groups[m]
-        assert logits.shape[:2] == group.completions.shape
-        for row, n in enumerate(group.lengths.tolist()):
-            expected = completion_logits(model, torch.tensor(group.contexts[c]), group.completions[row, :n])
-            torch.testing.assert_close(logits[row, :n], expected, atol=2e-5, rtol=1e-4)
+    assert got.blocks[1][0] == got.blocks[1][2]     # the second group's repeated context: run once, rows shared
+    assert got.logits.shape[0] == 3 * 3 + 2 * 2 + 2 * 1   # distinct contexts x completions
+    for m, group in enumerate(groups):
+        for c in range(len(group.contexts)):
+            logits = got.of(m, c)
+            assert logits.shape[:2] == group.completions.shape
+            for row, n in enumerate(group.lengths.tolist()):
+                expected = completion_logits(model, torch.tensor(group.contexts[c]), group.completions[row, :n])
+                torch.testing.assert_close(logits[row, :n], expected, atol=2e-5, rtol=1e-4)

@@ -197,6 +197,35 @@ def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch, gr
                                    atol=1e-4, rtol=1e-3)
 
 
+@pytest.mark.parametrize("groups_per_pass", [None, 1])
+def test_replay_host_syncs_do_not_grow_with_the_groups(tmp_path, groups_per_pass):
+    """Counted on the CPU as an upper bound of what would sync on a GPU (mrtpo.bench.traffic): the
+    trainer's replay makes a fixed number of host syncs per step plus one per pass (the kernel's
+    valid positions), whether it replays 2 or 4 groups, and all groups share one pass's 3 calls."""
+    from mrtpo.bench.traffic import HostTraffic
+
+    counts = {}
+    for batch in (4, 8):
+        trainer = make_trainer(tmp_path / str(batch), [has_letter_e, char_code, plain_length], max_steps=1,
+                               per_device_train_batch_size=batch, replay_groups_per_pass=groups_per_pass)
+        original, seen = trainer._replay, []
+
+        def counted(*args, _original=original, _seen=seen, _trainer=trainer, **kwargs):
+            with HostTraffic(_trainer.model) as traffic:
+                result = _original(*args, **kwargs)
+            _seen.append((traffic.syncs, _trainer.replay_forward_calls, _trainer._replay_counts["completions_replayed"]))
+            return result
+
+        trainer._replay = counted
+        trainer.train()
+        counts[batch] = seen[0]
+    (syncs_2, calls_2, rows_2), (syncs_4, calls_4, rows_4) = counts[4], counts[8]
+    assert rows_4 > rows_2 > 0                       # more groups replayed in the larger batch
+    passes_2, passes_4 = (1, 1) if groups_per_pass is None else (rows_2 // 2, rows_4 // 2)
+    assert (calls_2, calls_4) == (3 * passes_2, 3 * passes_4)
+    assert syncs_4 - passes_4 == syncs_2 - passes_2 <= 10
+
+
 def unscorable(example_id, text):
     """ex0: every completion unscorable; ex1: those of even length."""
     return example_id == "ex0" or (example_id == "ex1" and len(text) % 2 == 0)

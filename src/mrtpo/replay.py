@@ -20,8 +20,7 @@ import torch
 from torch import Tensor
 
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, PromptRenderer, default_render_prompt, replay_contexts
-from mrtpo.credit import entropy as entropy_map
-from mrtpo.credit import relevance as relevance_fn
+from mrtpo.credit import paired_entropy, paired_relevance
 from mrtpo.verifiers import Evidence, Example
 
 
@@ -108,23 +107,50 @@ def shared_lengths(contexts: Sequence[Sequence[int]]) -> list[int]:
     return [min(common_prefix_length([ctx, original]), len(ctx) - 1, len(original) - 1) for ctx in contexts]
 
 
+def _left_padded(sequences: Sequence[Sequence[int]], starts: Sequence[int], device: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """``(ids, mask, positions)`` ``(N, W)`` of token sequences left-padded to the longest, each
+    sequence's positions counting from its ``starts[i]``; built on the host, one copy each."""
+    width = max(map(len, sequences))
+    ids, mask, positions = [], [], []
+    for seq, start in zip(sequences, starts):
+        pad = width - len(seq)
+        ids.append([0] * pad + list(seq))
+        mask.append([0] * pad + [1] * len(seq))
+        positions.append([0] * pad + list(range(start, start + len(seq))))
+    return tuple(torch.tensor(x, dtype=torch.long).to(device, non_blocking=True) for x in (ids, mask, positions))
+
+
+@dataclass
+class PassLogits:
+    """The logits of one replay pass: ``logits`` ``(Σ C·G, T, V)``, in the model's dtype;
+    ``blocks[m][c]``: the first row of member ``m``'s context ``c`` (its ``sizes[m]`` completions'
+    rows follow); ``widths[m]``: the member's own completion width ``≤ T``."""
+
+    logits: Tensor
+    blocks: list[list[int]]
+    sizes: list[int]
+    widths: list[int]
+
+    def of(self, member: int, context: int) -> Tensor:
+        """``(G, T_m, V)``: member ``member``'s completions under its context ``context``."""
+        first = self.blocks[member][context]
+        return self.logits[first:first + self.sizes[member], :self.widths[member]]
+
+
 @torch.no_grad()
 def pass_context_logits(
     model: Any,
     members: Sequence[tuple[Sequence[Sequence[int]], Tensor]],
     counter: ForwardCounter | None = None,
-):
-    """For each member group and each of its contexts, the logits ``(G, T, V)`` predicting every
-    token of the member's ``G`` completions.
+) -> PassLogits:
+    """For each member group and each of its contexts, the logits predicting every token of the
+    member's completions, as one :class:`PassLogits`.
 
     ``members``: one ``(contexts, completions)`` pair per prompt group replayed in this pass:
     ``contexts`` the token ids of its ``C`` prompts (the original one first, then its
     counterfactuals), ``completions`` ``(G, T)`` right-padded ids (padding never influences a valid
-    position: attention is causal). Yields ``(member_index, context_index, logits)``, members in
-    order and each member's contexts in order; the logits are views of one ``(Σ C·G, T_max, V)``
-    tensor in the model's dtype (the relevance kernels upcast chunk by chunk). A member's repeated
-    contexts run once and share their logits, so identical contexts give identical logits (and a
-    relevance of exactly 0).
+    position: attention is causal). A member's repeated contexts run once and share their rows, so
+    identical contexts give identical logits (and a relevance of exactly 0).
 
     At most three forward calls, whatever the number of members, contexts and completions: every
     member's original prompt but its last token (its trunk), left-padded into one batch; every
@@ -134,7 +160,7 @@ def pass_context_logits(
     all ``Σ C × G`` rows ``[last context token, completion[:-1]]`` as one batch on that cache,
     repeated per completion. Every context goes through the same path, and each prompt is paid once
     per pass. The first two calls skip the vocabulary head (``logits_to_keep=1``): only their cache
-    is read.
+    is read. Inputs and masks are built on the host and copied once per call; nothing is read back.
     """
     key = _cache_keyword(model)
     counter = counter or ForwardCounter()
@@ -149,70 +175,59 @@ def pass_context_logits(
     row_member = [m for m, contexts in enumerate(member_contexts) for _ in contexts]
     rows = [ctx for contexts in member_contexts for ctx in contexts]
     shared = [s for contexts in member_contexts for s in shared_lengths(contexts)]
-    member_index = torch.tensor(row_member, device=device)
     cache = None
     if trunk_width > 0:
-        ids = torch.zeros(len(members), trunk_width, dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        positions = torch.zeros_like(ids)
-        for m, (contexts, length) in enumerate(zip(member_contexts, trunk_lens)):
-            if length:
-                ids[m, trunk_width - length:] = torch.tensor(contexts[0][:-1], device=device)
-                mask[m, trunk_width - length:] = 1
-                positions[m, trunk_width - length:] = torch.arange(length, device=device)
+        ids, mask, positions = _left_padded([contexts[0][:-1] for contexts in member_contexts],
+                                            [0] * len(members), device)
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         cache = _returned_cache(out)  # only its cache is used
         counter.calls += 1
-        cache.reorder_cache(member_index)
-    pad = torch.tensor([trunk_width - trunk_lens[m] for m in row_member], device=device).unsqueeze(1)
-    column = torch.arange(trunk_width, device=device)
-    past_mask = ((column >= pad) & (column < pad + torch.tensor(shared, device=device).unsqueeze(1))).long()
+        cache.reorder_cache(torch.tensor(row_member).to(device, non_blocking=True))
+    past_mask = torch.tensor([[int(trunk_width - trunk_lens[m] <= j < trunk_width - trunk_lens[m] + s)
+                               for j in range(trunk_width)] for m, s in zip(row_member, shared)],
+                             dtype=torch.long).view(len(rows), trunk_width).to(device, non_blocking=True)
     heads = [ctx[s:-1] for ctx, s in zip(rows, shared)]
-    width = max(map(len, heads))
-    if width > 0:
-        ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-        head_mask = torch.zeros_like(ids)
-        positions = torch.zeros_like(ids)
-        for row, (head, start) in enumerate(zip(heads, shared)):
-            if head:
-                ids[row, width - len(head):] = torch.tensor(head, device=device)
-                head_mask[row, width - len(head):] = 1
-                positions[row, width - len(head):] = torch.arange(start, start + len(head), device=device)
+    if max(map(len, heads)) > 0:
+        ids, head_mask, positions = _left_padded(heads, shared, device)
         past_mask = torch.cat([past_mask, head_mask], dim=1)
         kwargs = {key: cache} if cache is not None else {}
         out = model(input_ids=ids, attention_mask=past_mask, position_ids=positions, use_cache=True, logits_to_keep=1,
                     **kwargs)
         cache = _returned_cache(out)
         counter.calls += 1
-    t = max(completions.shape[1] for _, completions in members)
-    padded = [torch.nn.functional.pad(completions.to(device), (0, t - completions.shape[1])) for _, completions in members]
-    per_row = torch.tensor([padded[m].shape[0] for m in row_member], device=device)
-    expand = torch.repeat_interleave(torch.arange(len(rows), device=device), per_row)
-    last = torch.tensor([int(ctx[-1]) for ctx in rows], device=device)
-    inputs = torch.cat([last[expand].unsqueeze(1),
-                        torch.cat([padded[m][:, :-1] for m in row_member])], dim=1)
-    starts = torch.tensor([len(ctx) - 1 for ctx in rows], device=device)[expand]
-    attention = torch.cat([past_mask[expand], torch.ones(len(expand), t, dtype=torch.long, device=device)], dim=1)
+    sizes = [completions.shape[0] for _, completions in members]
+    widths = [completions.shape[1] for _, completions in members]
+    t = max(widths)
+    # built where the completions are (the host, from the trainer), then copied once
+    padded = [torch.nn.functional.pad(completions, (0, t - completions.shape[1])) for _, completions in members]
+    expand_host = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor([sizes[m] for m in row_member]))
+    expand = expand_host.to(device, non_blocking=True)
+    last = torch.tensor([int(ctx[-1]) for ctx in rows])[expand_host].to(padded[0].device)
+    starts = torch.tensor([len(ctx) - 1 for ctx in rows])[expand_host]
+    inputs = torch.cat([last.unsqueeze(1), torch.cat([padded[m][:, :-1] for m in row_member])], dim=1)
+    inputs = inputs.to(device, non_blocking=True)
+    positions = (starts.unsqueeze(1) + torch.arange(t)).to(device, non_blocking=True)
+    attention = torch.cat([past_mask[expand], torch.ones(len(expand_host), t, dtype=torch.long, device=device)], dim=1)
     kwargs = {}
     if cache is not None:
         cache.reorder_cache(expand)
         kwargs = {key: cache}
-    out = model(input_ids=inputs, attention_mask=attention, position_ids=starts.unsqueeze(1) + torch.arange(t, device=device),
-                use_cache=cache is not None, **kwargs)
+    out = model(input_ids=inputs, attention_mask=attention, position_ids=positions, use_cache=cache is not None,
+                **kwargs)
     counter.calls += 1
-    first_row = 0
-    for m, (member_slots, (_, completions)) in enumerate(zip(slots, members)):
-        g, t_m = completions.shape
-        for index, slot in enumerate(member_slots):
-            yield m, index, out.logits[first_row + slot * g:first_row + (slot + 1) * g, :t_m]
-        first_row += len(member_contexts[m]) * g
+    blocks, first_row = [], 0
+    for m, member_slots in enumerate(slots):
+        blocks.append([first_row + slot * sizes[m] for slot in member_slots])
+        first_row += len(member_contexts[m]) * sizes[m]
+    return PassLogits(out.logits, blocks, sizes, widths)
 
 
 def group_context_logits(model: Any, contexts: Sequence[Sequence[int]], completions: Tensor,
                          counter: ForwardCounter | None = None):
     """:func:`pass_context_logits` for one group: yields ``(context_index, logits (G, T, V))``."""
-    for _, index, logits in pass_context_logits(model, [(contexts, completions)], counter):
-        yield index, logits
+    result = pass_context_logits(model, [(contexts, completions)], counter)
+    for index in range(len(contexts)):
+        yield index, result.of(0, index)
 
 
 def pass_forward_calls(member_contexts: Sequence[Sequence[Sequence[int]]]) -> int:
@@ -321,26 +336,51 @@ def batch_relevance(
             raise ValueError(f"need one placement per counterfactual: {len(group.contexts) - 1}, "
                              f"got {len(group.placements)}")
         g, t = group.completions.shape
-        masks.append(torch.arange(t, device=device).unsqueeze(0) < group.lengths.to(device).view(-1, 1))
+        lengths = group.lengths.to(group.completions.device)
+        masks.append(torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.view(-1, 1))
         results.append(GroupRelevance(maps=torch.zeros(len(group.contexts) - 1, g, t, device=device),
                                       entropy=torch.zeros(g, t, device=device) if with_entropy else None))
     for members in plan_passes([group.completions.shape[0] for group in groups], micro_batch, groups_per_pass):
-        pieces = [(groups[index].contexts, groups[index].completions[rows].to(device)) for index, rows in members]
-        base = None
-        for m, index, logits in pass_context_logits(model, pieces, counter):
-            start = time.perf_counter()
-            group_index, rows = members[m]
-            group, result, mask = groups[group_index], results[group_index], masks[group_index][rows]
-            if index == 0:
-                base = logits
-                if with_entropy:
-                    result.entropy[rows] = entropy_map(base, mask, chunk_size, temperature)
-            else:
-                with_ev, without_ev = (base, logits) if group.placements[index - 1] == "in_prompt" else (logits, base)
-                result.maps[index - 1, rows] = relevance_fn(kind, with_ev, without_ev, pieces[m][1], mask,
-                                                            chunk_size, temperature, top_k)
-            if counter is not None:
-                counter.kernel_s += time.perf_counter() - start
+        pieces = [(groups[index].contexts, groups[index].completions[rows]) for index, rows in members]
+        out = pass_context_logits(model, pieces, counter)
+        start = time.perf_counter()
+        t = out.logits.shape[1]
+        # every (member, counterfactual) pair of the pass in one kernel call: rows of `out.logits`
+        with_rows, without_rows, ids, pair_masks, targets = [], [], [], [], []
+        base_rows, base_masks = [], []
+        for m, (group_index, rows) in enumerate(members):
+            group = groups[group_index]
+            completions = torch.nn.functional.pad(pieces[m][1], (0, t - out.widths[m]))
+            mask = torch.nn.functional.pad(masks[group_index][rows], (0, t - out.widths[m]))
+            base = torch.arange(out.sizes[m]) + out.blocks[m][0]  # row indices: host-built, copied once below
+            base_rows.append(base)
+            base_masks.append(mask)
+            for c, placement in enumerate(group.placements, start=1):
+                other = torch.arange(out.sizes[m]) + out.blocks[m][c]
+                with_rows.append(base if placement == "in_prompt" else other)
+                without_rows.append(other if placement == "in_prompt" else base)
+                ids.append(completions)
+                pair_masks.append(mask)
+                targets.append((group_index, c - 1, rows, out.widths[m]))
+        if with_rows:
+            with_rows, without_rows, ids, pair_masks = (torch.cat(x).to(device, non_blocking=True) for x in
+                                                        (with_rows, without_rows, ids, pair_masks))
+            values = paired_relevance(kind, out.logits, with_rows, without_rows, ids, pair_masks, chunk_size,
+                                      temperature, top_k)
+            first = 0
+            for group_index, c, rows, width in targets:
+                n = rows.stop - rows.start
+                results[group_index].maps[c, rows] = values[first:first + n, :width]
+                first += n
+        if with_entropy:
+            values = paired_entropy(out.logits, torch.cat(base_rows).to(device, non_blocking=True),
+                                    torch.cat(base_masks).to(device, non_blocking=True), chunk_size, temperature)
+            first = 0
+            for m, (group_index, rows) in enumerate(members):
+                results[group_index].entropy[rows] = values[first:first + out.sizes[m], :out.widths[m]]
+                first += out.sizes[m]
+        if counter is not None:
+            counter.kernel_s += time.perf_counter() - start
     if not on_device:
         results = [GroupRelevance(maps=r.maps.cpu(), entropy=r.entropy.cpu() if r.entropy is not None else None)
                    for r in results]
@@ -413,7 +453,7 @@ def replay_completion(
 
 
 __all__ = [
-    "ForwardCounter", "GroupRelevance", "ReplayGroup", "ReplayResult", "batch_relevance", "common_prefix_length",
+    "ForwardCounter", "GroupRelevance", "PassLogits", "ReplayGroup", "ReplayResult", "batch_relevance", "common_prefix_length",
     "completion_logits", "group_context_logits", "group_forward_calls", "group_relevance", "pass_context_logits",
     "pass_forward_calls", "plan_passes", "replay_completion", "replay_forward_calls", "shared_lengths",
     "underlying_model",

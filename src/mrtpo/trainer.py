@@ -209,11 +209,11 @@ class MRTPOTrainer(GRPOTrainer):
                                    verifiers=names, example_id=example_id)
 
     def _contexts(self, row: dict, base_ids: list[int], evidences: list[Evidence | None],
-                  active: Tensor) -> tuple[list[list[int]], list[tuple[int, Evidence]], int]:
+                  active: list[bool]) -> tuple[list[list[int]], list[tuple[int, Evidence]], int]:
         """Token ids of the contexts the method replays for one group: the original prompt, then the
         counterfactuals it needs; ``[]`` when the group needs no replay.
 
-        ``active`` ``(K,)`` bool: rewards with a non-zero coefficient for some of the group's
+        ``active`` ``K`` bools: rewards with a non-zero coefficient for some of the group's
         completions (:func:`mrtpo.credit.reward_coefficients`). ``per_reward`` replays a reward's
         counterfactual only where that reward is active; ``joint`` / ``entropy`` need their one map
         where any reward is. Returns ``(contexts, replayed (reward index, evidence) pairs, counterfactual
@@ -229,12 +229,12 @@ class MRTPOTrainer(GRPOTrainer):
                 for i, ev in replayed]
             return (contexts if replayed else []), replayed, len(present) - len(replayed)
         if needs == "joint" and present:
-            if not active.any():
+            if not any(active):
                 return [], [], 1
             names = [self.reward_func_names[i] for i, _ in present]
             joint = self._counterfactual(prompt, [ev for _, ev in present], names, example_id)
             return [base_ids, self._tokenize(prompt, joint)], present, 0
-        if needs == "entropy" and active.any():
+        if needs == "entropy" and any(active):
             return [base_ids], [], 0
         return [], [], 0
 
@@ -267,13 +267,17 @@ class MRTPOTrainer(GRPOTrainer):
         ent = torch.zeros(b, t_max, device=device) if needs == "entropy" else None
         has_evidence = torch.zeros(b, k, dtype=torch.bool)
         skipped = torch.zeros(b, k, dtype=torch.bool)  # a map the method uses, not computed (zero coefficient)
-        nonzero = torch.ones(b, k, dtype=torch.bool) if coefficients is None else coefficients.cpu() != 0
+        # the step's few device tensors the plan reads come to the host once, as lists: the plan itself
+        # (per group and per row) then makes no host sync, however many groups there are
+        nonzero = [[True] * k for _ in range(b)] if coefficients is None else (coefficients != 0).tolist()
         lengths = out["completion_mask"].sum(-1).long().cpu()
+        length_list = lengths.tolist()
+        prompt_ids, prompt_mask = out["prompt_ids"].tolist(), out["prompt_mask"].tolist()
         chunk, top_k, kind, temperature = (self.args.relevance_chunk_size, self.args.relevance_top_k,
                                            self.args.relevance, self.temperature)
         groups: dict[tuple, list[int]] = {}
         for j, row in enumerate(inputs):
-            base_ids = tuple(out["prompt_ids"][j][out["prompt_mask"][j].bool()].tolist())
+            base_ids = tuple(token for token, keep in zip(prompt_ids[j], prompt_mask[j]) if keep)
             groups.setdefault((str(row.get("example_id", j)), base_ids), []).append(j)
         plan = []  # contexts of every group first: the forward-call count is agreed before any call
         contexts_skipped = 0
@@ -281,7 +285,7 @@ class MRTPOTrainer(GRPOTrainer):
             row = inputs[members[0]]
             evidences = [evidence_for(f, row) if has else None for f, has in zip(self.reward_funcs, self._with_evidence)]
             idx = torch.tensor(members)
-            active = nonzero[idx].any(0)
+            active = [any(nonzero[j][i] for j in members) for i in range(k)]
             contexts, replayed, dropped = self._contexts(row, list(base_ids), evidences, active)
             contexts_skipped += dropped
             if needs == "per_reward":
@@ -289,7 +293,7 @@ class MRTPOTrainer(GRPOTrainer):
                 skipped[idx.unsqueeze(1), torch.tensor(inactive, dtype=torch.long)] = True
             elif not contexts and (needs == "entropy" or any(ev is not None for ev in evidences)):
                 skipped[idx] = True
-            n = int(lengths[idx].max().item())
+            n = max(length_list[j] for j in members)
             if contexts and n > 0:
                 plan.append((replayed, contexts, idx, n))
         micro_batch, per_pass = self.args.replay_micro_batch, self.args.replay_groups_per_pass
@@ -297,8 +301,9 @@ class MRTPOTrainer(GRPOTrainer):
                                        micro_batch, per_pass)
         target = self._agree_forward_calls(planned)
         counter = ForwardCounter()
+        completion_ids = out["completion_ids"].cpu()  # one host copy; each pass sends its rows back in one
         replays = [ReplayGroup(contexts, [ev.placement for _, ev in replayed] if needs == "per_reward"
-                               else ["in_prompt"] * (len(contexts) - 1), out["completion_ids"][idx, :n].cpu(), lengths[idx])
+                               else ["in_prompt"] * (len(contexts) - 1), completion_ids[idx, :n], lengths[idx])
                    for replayed, contexts, idx, n in plan]
         results = batch_relevance(self.model, replays, kind=kind, temperature=temperature, chunk_size=chunk, top_k=top_k,
                                   with_entropy=needs == "entropy", micro_batch=micro_batch, groups_per_pass=per_pass,

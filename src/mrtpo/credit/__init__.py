@@ -40,6 +40,8 @@ from mrtpo.credit.relevance import (
     kl_divergence,
     log_ratio,
     log_ratio_from_logprobs,
+    paired_entropy,
+    paired_relevance,
     relevance,
 )
 from mrtpo.credit.weights import MIN_MEAN_RELEVANCE, relevance_weights
@@ -74,6 +76,8 @@ __all__ = [
     "log_ratio",
     "log_ratio_from_logprobs",
     "register_method",
+    "paired_entropy",
+    "paired_relevance",
     "relevance",
     "relevance_weights",
     "reward_coefficients",

@@ -113,22 +113,74 @@ def _chunked_positions(
     mask: Tensor,
     chunk_size: int | None,
     extra: Tensor | None = None,
+    rows_p: Tensor | None = None,
+    rows_q: Tensor | None = None,
 ) -> Tensor:
-    """Apply ``row_fn(p_rows, q_rows, extra_rows) -> (n,)`` over valid positions, chunk by chunk."""
-    b, t, v = logits_p.shape
+    """Apply ``row_fn(p_rows, q_rows, extra_rows) -> (n,)`` over valid positions, chunk by chunk.
+
+    Without ``rows_p`` / ``rows_q``, position ``(b, t)`` of ``mask`` ``(B, T)`` (and ``extra``)
+    reads ``logits_p[b, t]`` and ``logits_q[b, t]``. With them (``(N,)`` each), ``mask`` is
+    ``(N, T)`` and pair ``n`` reads row ``rows_p[n]`` of ``logits_p`` ``(R, T, V)`` and row
+    ``rows_q[n]`` of ``logits_q``: only each chunk's positions are gathered, never whole rows.
+    One host sync per call (the valid positions), whatever ``N``.
+    """
+    n, t = mask.shape
+    v = logits_p.shape[-1]
     if chunk_size is None:
         chunk_size = auto_chunk_size(v)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    out = torch.zeros(b * t, dtype=torch.float32, device=logits_p.device)
+    out = torch.zeros(n * t, dtype=torch.float32, device=logits_p.device)
     positions = mask.reshape(-1).nonzero(as_tuple=True)[0]
-    flat_p, flat_q = logits_p.reshape(b * t, v), logits_q.reshape(b * t, v)
-    flat_extra = extra.reshape(b * t) if extra is not None else None
+    flat_p, flat_q = logits_p.reshape(-1, v), logits_q.reshape(-1, v)
+    column = torch.arange(t, device=logits_p.device)
+    index_p = (rows_p.view(-1, 1) * t + column).reshape(-1) if rows_p is not None else None
+    index_q = (rows_q.view(-1, 1) * t + column).reshape(-1) if rows_q is not None else None
+    flat_extra = extra.reshape(n * t) if extra is not None else None
     for start in range(0, positions.numel(), chunk_size):
         rows = positions[start : start + chunk_size]
         extra_rows = flat_extra[rows] if flat_extra is not None else None
-        out[rows] = row_fn(flat_p[rows], flat_q[rows], extra_rows)
-    return out.view(b, t)
+        p_rows = flat_p[index_p[rows]] if index_p is not None else flat_p[rows]
+        q_rows = flat_q[index_q[rows]] if index_q is not None else flat_q[rows]
+        out[rows] = row_fn(p_rows, q_rows, extra_rows)
+    return out.view(n, t)
+
+
+def _js_rows_fn(temperature: float, top_k: int | None) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+    def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
+        logp, probs_p = _log_probs_and_probs(p, temperature)
+        logq, probs_q = _log_probs_and_probs(q, temperature)
+        if top_k is not None:
+            logp, logq = _topk_buckets(logp, logq, top_k)
+            probs_p, probs_q = logp.exp(), logq.exp()
+        return _js_rows(logp, probs_p, logq, probs_q)
+    return rows
+
+
+def _kl_rows_fn(temperature: float) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+    def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
+        logp, probs = _log_probs_and_probs(p, temperature)
+        return probs.mul_(logp.sub_(_log_probs(q, temperature))).sum(-1).clamp_min(0.0)
+    return rows
+
+
+def _log_ratio_rows_fn(temperature: float) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+    def rows(p: Tensor, q: Tensor, ids: Tensor | None) -> Tensor:
+        logp, logq = _log_probs(p, temperature), _log_probs(q, temperature)
+        ids = ids.unsqueeze(-1)
+        return (logp.gather(-1, ids) - logq.gather(-1, ids)).abs().squeeze(-1)
+    return rows
+
+
+def _entropy_rows_fn(temperature: float) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+    def rows(p: Tensor, _q: Tensor, _e: Tensor | None) -> Tensor:
+        logp, probs = _log_probs_and_probs(p, temperature)
+        return (-(probs.mul_(logp)).sum(-1)).clamp_min(0.0)
+    return rows
+
+
+def _distance(jsd: Tensor) -> Tensor:
+    return jsd.sqrt().clamp(max=JS_DISTANCE_MAX)
 
 
 def js_divergence(
@@ -146,16 +198,7 @@ def js_divergence(
     float32 in ``[0, ln 2]``, 0 where masked.
     """
     valid = _check_pair(logits_p, logits_q, mask)
-
-    def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
-        logp, probs_p = _log_probs_and_probs(p, temperature)
-        logq, probs_q = _log_probs_and_probs(q, temperature)
-        if top_k is not None:
-            logp, logq = _topk_buckets(logp, logq, top_k)
-            probs_p, probs_q = logp.exp(), logq.exp()
-        return _js_rows(logp, probs_p, logq, probs_q)
-
-    return _chunked_positions(rows, logits_p, logits_q, valid, chunk_size)
+    return _chunked_positions(_js_rows_fn(temperature, top_k), logits_p, logits_q, valid, chunk_size)
 
 
 def js_distance(
@@ -171,8 +214,7 @@ def js_distance(
     See :func:`js_divergence` for the arguments; ``top_k`` switches to the tail-bucket
     approximation (a lower bound of the exact distance).
     """
-    jsd = js_divergence(logits_p, logits_q, mask, chunk_size, temperature, top_k)
-    return jsd.sqrt().clamp(max=JS_DISTANCE_MAX)
+    return _distance(js_divergence(logits_p, logits_q, mask, chunk_size, temperature, top_k))
 
 
 def kl_divergence(
@@ -184,12 +226,7 @@ def kl_divergence(
 ) -> Tensor:
     """Per-position ``KL(p ‖ q)`` in nats ``(B, T)``; ``p`` is the with-evidence distribution."""
     valid = _check_pair(logits_p, logits_q, mask)
-
-    def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
-        logp, probs = _log_probs_and_probs(p, temperature)
-        return probs.mul_(logp.sub_(_log_probs(q, temperature))).sum(-1).clamp_min(0.0)
-
-    return _chunked_positions(rows, logits_p, logits_q, valid, chunk_size)
+    return _chunked_positions(_kl_rows_fn(temperature), logits_p, logits_q, valid, chunk_size)
 
 
 def log_ratio(
@@ -208,13 +245,7 @@ def log_ratio(
     valid = _check_pair(logits_p, logits_q, mask)
     if token_ids.shape != valid.shape:
         raise ValueError(f"token_ids must be {tuple(valid.shape)}, got {tuple(token_ids.shape)}")
-
-    def rows(p: Tensor, q: Tensor, ids: Tensor | None) -> Tensor:
-        logp, logq = _log_probs(p, temperature), _log_probs(q, temperature)
-        ids = ids.unsqueeze(-1)
-        return (logp.gather(-1, ids) - logq.gather(-1, ids)).abs().squeeze(-1)
-
-    return _chunked_positions(rows, logits_p, logits_q, valid, chunk_size, extra=token_ids)
+    return _chunked_positions(_log_ratio_rows_fn(temperature), logits_p, logits_q, valid, chunk_size, extra=token_ids)
 
 
 def log_ratio_from_logprobs(logprobs_p: Tensor, logprobs_q: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -231,12 +262,7 @@ def entropy(
 ) -> Tensor:
     """Per-position entropy (nats) of ``softmax(logits / temperature)`` ``(B, T)``, 0 where masked."""
     valid = _check_pair(logits, logits, mask)
-
-    def rows(p: Tensor, _q: Tensor, _e: Tensor | None) -> Tensor:
-        logp, probs = _log_probs_and_probs(p, temperature)
-        return (-(probs.mul_(logp)).sum(-1)).clamp_min(0.0)
-
-    return _chunked_positions(rows, logits, logits, valid, chunk_size)
+    return _chunked_positions(_entropy_rows_fn(temperature), logits, logits, valid, chunk_size)
 
 
 RelevanceFn = Callable[..., Tensor]
@@ -268,6 +294,58 @@ def relevance(
 
 RELEVANCE_KINDS: tuple[str, ...] = ("js", "kl", "logratio")
 
+
+def _check_rows(logits: Tensor, rows: Tensor, mask: Tensor) -> None:
+    if logits.dim() != 3 or mask.dim() != 2 or rows.shape != (mask.shape[0],) or mask.shape[1] != logits.shape[1]:
+        raise ValueError(f"need logits (R, T, V), rows (N,) and mask (N, T) with the same T; got {tuple(logits.shape)}, "
+                         f"{tuple(rows.shape)} and {tuple(mask.shape)}")
+
+
+def paired_relevance(
+    kind: str,
+    logits: Tensor,
+    with_rows: Tensor,
+    without_rows: Tensor,
+    token_ids: Tensor | None,
+    mask: Tensor,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+) -> Tensor:
+    """:func:`relevance` of ``N`` pairs of rows of one logits tensor ``(R, T, V)``, in one pass.
+
+    Pair ``n`` compares row ``with_rows[n]`` (the context with the evidence) with row
+    ``without_rows[n]``; ``token_ids`` and ``mask`` are ``(N, T)``. Equals
+    ``relevance(kind, logits[with_rows], logits[without_rows], token_ids, mask, ...)`` without
+    copying the rows, and with one host sync for all pairs. Returns ``(N, T)``.
+    """
+    _check_rows(logits, with_rows, mask)
+    _check_rows(logits, without_rows, mask)
+    valid = mask.to(torch.bool)
+    if kind == "js":
+        fn = _js_rows_fn(temperature, top_k)
+    elif top_k is not None:
+        raise ValueError(f"top_k approximates the JS sum only; it has no meaning for {kind!r}")
+    elif kind == "kl":
+        fn = _kl_rows_fn(temperature)
+    elif kind == "logratio":
+        if token_ids is None:
+            raise ValueError("relevance 'logratio' needs the sampled token_ids")
+        fn = _log_ratio_rows_fn(temperature)
+    else:
+        raise ValueError(f"unknown relevance {kind!r}; choose one of {RELEVANCE_KINDS}")
+    out = _chunked_positions(fn, logits, logits, valid, chunk_size, extra=token_ids if kind == "logratio" else None,
+                             rows_p=with_rows, rows_q=without_rows)
+    return _distance(out) if kind == "js" else out
+
+
+def paired_entropy(logits: Tensor, rows: Tensor, mask: Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+                   temperature: float = 1.0) -> Tensor:
+    """:func:`entropy` of rows ``rows`` ``(N,)`` of ``logits`` ``(R, T, V)`` under ``mask`` ``(N, T)``."""
+    _check_rows(logits, rows, mask)
+    return _chunked_positions(_entropy_rows_fn(temperature), logits, logits, mask.to(torch.bool), chunk_size,
+                              rows_p=rows, rows_q=rows)
+
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CHUNK_SIZE",
@@ -280,5 +358,7 @@ __all__ = [
     "kl_divergence",
     "log_ratio",
     "log_ratio_from_logprobs",
+    "paired_entropy",
+    "paired_relevance",
     "relevance",
 ]
