@@ -50,6 +50,22 @@ def test_relevance_bench_case_reports_chunk_and_memory_fields():
     assert small["chunk_used"] == 4 and not small["unchunked"]
 
 
+@pytest.mark.parametrize("groups_per_pass,calls", [("1", 6), ("0", 3)])
+def test_cost_bench_replays_groups_together_when_asked(tiny_model_dir, tmp_path, groups_per_pass, calls):
+    """Two prompt groups: a pass each (3 + 3 forward calls) by default, one shared pass with
+    ``--groups-per-pass 0``."""
+    out = tmp_path / "cost.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "mrtpo.cli", "bench", "cost", "--model", str(tiny_model_dir), "--task", "sql",
+         "--prompts", "2", "--group-size", "2", "--max-new-tokens", "4", "--lora-r", "4", "--methods", "mrtpo",
+         "--update-modes", "shared", "--groups-per-pass", groups_per_pass, "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["replay_forward_calls"] == calls
+
+
 def test_gpu_check_dry_run_on_the_cpu(tiny_model_dir, tmp_path):
     """scripts/gpu_check.sh end to end with the tiny shape on the CPU: a model built from the given
     tokenizer, a gdpo and an mrtpo run, medians over steps >= 2, peak memory, the step ratio."""

@@ -45,7 +45,7 @@ from mrtpo.bench.floors import (
 )
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.counterfactual import prompt_renderer, replay_contexts
-from mrtpo.replay import ForwardCounter, group_relevance, shared_lengths
+from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, shared_lengths
 from mrtpo.sampling import sample_group
 
 
@@ -54,6 +54,8 @@ def _parse(argv):
     p.add_argument("--task", default="sql", help="task whose train prompts make the batch")
     add_sampling_arguments(p, prompts=2, max_new_tokens=64, methods="grpo,gdpo,mrtpo,contrast,entropy", dtype="float32")
     p.add_argument("--top-k", type=int, help="top-k approximation of the JS sum in the replays (default: exact)")
+    p.add_argument("--groups-per-pass", type=int, default=1,
+                   help="prompt groups replayed in one pass of three forward calls (0: all), as replay_groups_per_pass")
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank on q/k/v/o for the update (0: full fine-tuning)")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of the trainer's update (the shared mode)")
     p.add_argument("--update-modes", default=",".join(UPDATE_MODES),
@@ -155,15 +157,24 @@ def main(argv: list[str] | None = None) -> int:
         naive, unique = [], []
         replay_start = time.perf_counter()
         if method.needs != "none":
+            replays, plans = [], []
             for g, (ex, _, comps, lengths) in enumerate(batch):
                 evidences = [v.evidence(ex) for v in verifiers]
                 contexts, placements, present = replay_contexts(ex, evidences, render, tokenize, names=names,
                                                                 per_reward=method.needs == "per_reward",
                                                                 joint=method.needs == "joint")
                 n = int(lengths.max())
-                sl = slice(g * args.group_size, (g + 1) * args.group_size)
-                result = group_relevance(model, contexts, placements, comps[:, :n], lengths, temperature=1.0, top_k=args.top_k,
-                                         with_entropy=method.needs == "entropy", counter=counter)
+                replays.append(ReplayGroup(contexts, placements, comps[:, :n], lengths))
+                plans.append((slice(g * args.group_size, (g + 1) * args.group_size), n, contexts, present))
+                comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
+                naive += [(list(ctx) + c, len(c) + 1) for ctx in contexts for c in comp_lists]
+                distinct = [list(ctx) for ctx in dict.fromkeys(tuple(ctx) for ctx in contexts)]
+                unique.append((distinct[0], 1))  # the original once, each context from where it departs
+                unique += [(ctx[s:], 1) for ctx, s in zip(distinct[1:], shared_lengths(distinct)[1:])]
+                unique += [(c, len(c)) for _ in distinct for c in comp_lists]  # every completion per context
+            results = batch_relevance(model, replays, temperature=1.0, top_k=args.top_k, counter=counter,
+                                      with_entropy=method.needs == "entropy", groups_per_pass=args.groups_per_pass or None)
+            for (sl, n, contexts, present), result in zip(plans, results):
                 if method.needs == "entropy":
                     ent[sl, :n] = result.entropy
                 elif method.needs == "joint" and len(contexts) > 1:
@@ -172,12 +183,6 @@ def main(argv: list[str] | None = None) -> int:
                     for c_idx, k in enumerate([names.index(nm) for nm in present]):
                         relevance[sl, k, :n] = result.maps[c_idx]
                         has[sl, k] = True
-                comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
-                naive += [(list(ctx) + c, len(c) + 1) for ctx in contexts for c in comp_lists]
-                distinct = [list(ctx) for ctx in dict.fromkeys(tuple(ctx) for ctx in contexts)]
-                unique.append((distinct[0], 1))  # the original once, each context from where it departs
-                unique += [(ctx[s:], 1) for ctx, s in zip(distinct[1:], shared_lengths(distinct)[1:])]
-                unique += [(c, len(c)) for _ in distinct for c in comp_lists]  # every completion per context
         replay_s = time.perf_counter() - replay_start
         credit = CreditBatch(rewards, args.group_size, mask, relevance=relevance, has_evidence=has if relevance is not None else None,
                              joint_relevance=joint, entropy=ent)
