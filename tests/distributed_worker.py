@@ -131,6 +131,7 @@ def main() -> int:
     parser.add_argument("--missing-evidence-in", default=None, help="example id whose evidence span is not in its prompt")
     parser.add_argument("--simulate-sharded", action="store_true",
                         help="make every replay forward a collective (as under ZeRO-3 / FSDP) and check the calls pair up")
+    parser.add_argument("--groups-per-pass", type=int, default=1, help="replay_groups_per_pass (0: all groups)")
     args = parser.parse_args()
 
     from mrtpo.testing import tiny_policy
@@ -140,7 +141,8 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     model, tok = tiny_policy(seed=0)
     trainer = MRTPOTrainer(model=model, processing_class=tok, reward_funcs=build_rewards(),
-                           args=build_config(str(out_dir / "run"), args.method, args.max_steps),
+                           args=build_config(str(out_dir / "run"), args.method, args.max_steps,
+                                             replay_groups_per_pass=args.groups_per_pass or None),
                            train_dataset=build_dataset(args.missing_evidence_in))
     acc = trainer.accelerator
     assert acc.num_processes == args.expect_processes, (

@@ -240,6 +240,20 @@ def test_replay_forward_calls_in_lockstep(run):
     assert calls0[0] != calls1[0], "expected different replay work on the two ranks in step 1"
 
 
+def test_one_replay_pass_per_rank_stays_in_lockstep(tmp_path, run):
+    """With every local group in one replay pass (``replay_groups_per_pass: null``), each rank makes
+    the pass's 3 calls in the first step, paired up call by call as under ZeRO-3 / FSDP, over the
+    same rows as the default run's pass per group (same seed: the same first batch)."""
+    proc = launch(tmp_path, "--simulate-sharded", "--groups-per-pass", "0", "--max-steps", "1")
+    assert proc.returncode == 0, _tails(proc.stdout, proc.stderr)
+    for r in range(2):
+        (one_pass,) = json.loads((tmp_path / f"rank{r}.json").read_text())["replay_calls"]
+        per_group = run["ranks"][r]["replay_calls"][0]
+        real = [shape for shape in per_group if shape != [1, 1]]  # not the dummy calls that pad to the other rank
+        assert len(one_pass) == 3 < len(real)
+        assert sum(shape[0] for shape in one_pass) == sum(shape[0] for shape in real)
+
+
 def test_ddp_ranks_end_with_identical_trained_parameters(run):
     from mrtpo.testing import tiny_policy
 

@@ -389,3 +389,20 @@ def test_a_shared_pass_equals_plain_forwards(policy):
             for row, n in enumerate(group.lengths.tolist()):
                 expected = completion_logits(model, torch.tensor(group.contexts[c]), group.completions[row, :n])
                 torch.testing.assert_close(logits[row, :n], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_a_shared_pass_in_bfloat16_stays_within_bfloat16_noise():
+    """In bf16, replaying the groups together instead of one by one moves the maps by no more than
+    bf16 itself does against fp32 (the padding and batch shapes change the rounding, nothing else)."""
+    from mrtpo.replay import batch_relevance, group_relevance
+
+    model32, tok = tiny_policy(seed=0)
+    model16 = tiny_policy(seed=0)[0].to(torch.bfloat16)
+    groups = replay_groups(tok)
+    together = batch_relevance(model16, groups, groups_per_pass=None)
+    for group, got in zip(groups, together):
+        args = (group.contexts, group.placements, group.completions, group.lengths)
+        alone, exact = group_relevance(model16, *args), group_relevance(model32, *args)
+        noise = (alone.maps - exact.maps).abs().max()
+        assert 0 < noise < 0.05
+        assert (got.maps - alone.maps).abs().max() <= noise
