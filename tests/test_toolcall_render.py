@@ -97,6 +97,27 @@ def test_missing_duplicated_or_competing_instructions_are_clear_errors(task, exa
         counterfactual_text(bare.messages, [Evidence(FORMAT_INSTRUCTION, "in_prompt")], _renderer(bare, tok))
 
 
+def test_the_correctness_counterfactual_renders_with_its_gold_calls(task, examples):
+    """The ``correctness`` replay appends the gold calls, written in the instructed ``<tool_call>``
+    form, under the privileged header: the checked rendering accepts that reference block, still
+    holds the instruction once, and still refuses a ``<tool_call>`` anywhere else."""
+    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, counterfactual_prompt
+
+    tok = tiny_tokenizer()
+    e = examples[0]
+    evidence = task.verifiers()[1].evidence(e)
+    assert evidence.placement == "privileged" and "<tool_call>" in evidence.text
+    render = lambda ex: task.render_prompt(ex, tok)  # noqa: E731
+    with_gold = counterfactual_prompt(e, [evidence], render, verifiers=["correctness"])
+    assert with_gold.count(FORMAT_INSTRUCTION) == 1
+    assert with_gold.index(DEFAULT_PRIVILEGED_HEADER) > with_gold.index(FORMAT_INSTRUCTION)
+    assert evidence.text in with_gold
+    messages = [dict(m) for m in e.messages]
+    messages[0]["content"] += " Wrap calls in <tool_call> tags."
+    with pytest.raises(FormatInstructionError, match="outside the call-format instruction"):
+        counterfactual_prompt(dataclasses.replace(e, messages=messages), [evidence], render, verifiers=["correctness"])
+
+
 def test_evaluation_renders_exactly_as_training(task, one_thread):
     """``mrtpo eval`` generates from the task's rendering, which is TRL's (no tools=) rendering."""
     from mrtpo.evaluate import evaluate_model

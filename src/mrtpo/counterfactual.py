@@ -18,10 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from mrtpo.verifiers import Evidence, Example
-
-#: Header under which privileged evidence is appended to the last user turn.
-DEFAULT_PRIVILEGED_HEADER = "Reference information for checking the answer:"
+from mrtpo.verifiers import DEFAULT_PRIVILEGED_HEADER, Evidence, Example
 
 
 class EvidenceNotFoundError(ValueError):

@@ -36,6 +36,11 @@ class Evidence:
             raise ValueError("Evidence text must be a non-empty string")
 
 
+#: Header under which privileged evidence is appended to the last user turn (the counterfactual's
+#: reference block; a task's prompt checks may set that block aside).
+DEFAULT_PRIVILEGED_HEADER = "Reference information for checking the answer:"
+
+
 @dataclass
 class Example:
     """One prompt of a task.
@@ -64,4 +69,4 @@ class Verifier(Protocol):
     def evidence(self, example: Example) -> Evidence | None: ...
 
 
-__all__ = ["Evidence", "Example", "Placement", "PLACEMENTS", "Verifier"]
+__all__ = ["DEFAULT_PRIVILEGED_HEADER", "Evidence", "Example", "Placement", "PLACEMENTS", "Verifier"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mrtpo.verifiers import Example
+from mrtpo.verifiers import DEFAULT_PRIVILEGED_HEADER, Example
 
 #: The call-format instruction, example included: the ``format`` reward's in-prompt evidence. It is
 #: the only text of the rendered prompt that mentions ``<tool_call>`` (checked by
@@ -122,10 +122,12 @@ class FormatInstructionError(ValueError):
     ``<tool_call>`` instruction besides it (the ``format`` replay would then be wrong)."""
 
 
-def check_format_instruction(rendered: str, instruction: str, example_id: str = "?", expected: int = 1) -> None:
+def check_format_instruction(rendered: str, instruction: str, example_id: str = "?", expected: int = 1,
+                             references: tuple[str, ...] = ()) -> None:
     """Raise :class:`FormatInstructionError` unless ``instruction`` occurs ``expected`` times (1, or 0
     for a prompt with the instruction removed) in ``rendered`` and no ``<tool_call>`` /
-    ``</tool_call>`` tag is left outside it.
+    ``</tool_call>`` tag is left outside it and the ``references`` (privileged reference blocks a
+    counterfactual appended: the gold calls, written in the instructed form).
 
     This is what makes the ``format`` reward's counterfactual meaningful: the prompt without the
     instruction must carry no other call-format instruction (a chat template given ``tools=`` adds
@@ -140,6 +142,8 @@ def check_format_instruction(rendered: str, instruction: str, example_id: str = 
             f"messages with build_messages() and render without tools= (instruction starts {instruction[:60]!r})"
         )
     rest = rendered.replace(instruction, "")
+    for reference in references:
+        rest = rest.replace(reference, "")
     for tag in ("<tool_call>", "</tool_call>"):
         if tag in rest:
             at = rest.index(tag)
@@ -155,7 +159,8 @@ def render_checked(example: Example, tokenizer: Any = None) -> str:
     """:func:`render_prompt`, checked by :func:`check_format_instruction`: the example's instruction
     (``meta["format_instruction"]``, else :data:`FORMAT_INSTRUCTION`) appears in the rendered text as
     often as in the messages (once; zero in a counterfactual with it removed, never more), and no
-    other ``<tool_call>`` text does."""
+    other ``<tool_call>`` text does, except in a reference block appended under
+    :data:`~mrtpo.verifiers.DEFAULT_PRIVILEGED_HEADER` (the ``correctness`` counterfactual's gold calls)."""
     instruction = example.meta.get("format_instruction", FORMAT_INSTRUCTION)
     in_messages = sum(
         m["content"].count(instruction) for m in example.messages if isinstance(m.get("content"), str)
@@ -165,8 +170,10 @@ def render_checked(example: Example, tokenizer: Any = None) -> str:
             f"example {example.id!r}: the call-format instruction occurs {in_messages} times in the "
             "messages; it must occur exactly once"
         )
+    references = tuple(m["content"][m["content"].index(DEFAULT_PRIVILEGED_HEADER):] for m in example.messages
+                       if isinstance(m.get("content"), str) and DEFAULT_PRIVILEGED_HEADER in m["content"])
     text = render_prompt(example, tokenizer)
-    check_format_instruction(text, instruction, example.id, expected=in_messages)
+    check_format_instruction(text, instruction, example.id, expected=in_messages, references=references)
     return text
 
 
