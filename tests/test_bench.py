@@ -66,13 +66,51 @@ def test_cost_bench_replays_groups_together_when_asked(tiny_model_dir, tmp_path,
     assert row["replay_forward_calls"] == calls
 
 
+@pytest.mark.parametrize("groups_per_pass,passes", [("1", 2), ("0", 1)])
+def test_replay_bench_against_a_plain_forward_over_the_same_tokens(tiny_model_dir, tmp_path, groups_per_pass, passes):
+    """Two sql groups (4 contexts each: the original, format, executes, result) of 3 random
+    completions of 5 tokens: 3 replay calls per pass; the floor reads every distinct (context,
+    completion[:-1]) row once per pass, so its tokens are Σ contexts × 3 × (context + 4)."""
+    from transformers import AutoTokenizer
+
+    from mrtpo.bench.replay_floor import replay_batch
+    from mrtpo.tasks import get_task
+
+    out = tmp_path / "replay.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "mrtpo.cli", "bench", "replay", "--model", str(tiny_model_dir), "--prompts", "2",
+         "--group-size", "3", "--max-new-tokens", "5", "--groups-per-pass", groups_per_pass, "--repeats", "2",
+         "--profile", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    (row,) = record["rows"]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    groups = replay_batch(get_task("sql"), tok, 2, 3, 5)
+    assert [len(g.contexts) for g in groups] == row["contexts"] == [4, 4]
+    for g in groups:
+        assert g.completions.shape == (3, 5) and int(g.completions.max()) < tok.vocab_size
+        assert g.lengths.tolist() == [5, 5, 5]
+    assert row["replay_forward_calls"] == 3 * passes and row["floor_forward_calls"] == passes
+    distinct = [list(dict.fromkeys(map(tuple, g.contexts))) for g in groups]
+    assert row["floor_tokens"] == sum(3 * (len(context) + 4) for contexts in distinct for context in contexts)
+    assert len(row["replay_all_s"]) == len(row["floor_all_s"]) == 2
+    assert row["ratio"] == pytest.approx(row["replay_s"] / row["floor_s"]) and row["ratio"] > 0
+    assert row["host_traffic"]["syncs"] <= 4 * passes  # nothing read back per group or context
+    assert "aten::" in record["profile"]["table"] and record["profile"]["kernel_launches"] == 0  # no CUDA here
+    assert "replay / floor" in done.stdout
+
+
 def test_gpu_check_dry_run_on_the_cpu(tiny_model_dir, tmp_path):
     """scripts/gpu_check.sh end to end with the tiny shape on the CPU: a model built from the given
-    tokenizer, a gdpo and an mrtpo run, medians over steps >= 2, peak memory, the step ratio."""
+    tokenizer, the replay against its plain-forward floor, a gdpo and an mrtpo run, medians over
+    steps >= 2, peak memory, the step ratio."""
     out = tmp_path / "gpu"
     done = subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--shapes", "tiny", "--tokenizer", str(tiny_model_dir), "--steps", "2",
          "--prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--out", str(out),
+         "--models", str(tmp_path / "models"),
          "use_cpu=true", "bf16=false", "activation_checkpointing=false"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable},
     )
@@ -85,7 +123,11 @@ def test_gpu_check_dry_run_on_the_cpu(tiny_model_dir, tmp_path):
     assert all(r["peak_gib"] > 0.1 and r["step"] > 0 for r in rows.values())
     assert record["ratios"]["tiny"] == rows["mrtpo"]["step"] / rows["gdpo"]["step"]
     assert "mrtpo / gdpo step, tiny:" in done.stdout
-    assert (out / "models" / "tiny" / "config.json").is_file()
+    assert (tmp_path / "models" / "tiny" / "config.json").is_file() and not (out / "models").exists()
+    replay = record["replays"]["tiny"]  # gpu.yaml replays 2 groups per pass: the one group takes one pass
+    assert replay["rc"] == 0 and replay["replay_forward_calls"] == 3 and replay["floor_forward_calls"] == 1
+    assert replay["ratio"] == pytest.approx(replay["replay_s"] / replay["floor_s"])
+    assert "replay / plain forward, tiny:" in done.stdout and record["targets"] == {"step_ratio": 1.1, "replay_ratio": 1.2}
 
 
 def test_gpu_check_refuses_a_real_shape_without_cuda():

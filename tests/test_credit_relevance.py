@@ -164,7 +164,10 @@ def test_auto_chunk_size_keeps_one_buffer_under_the_budget():
         chunk = auto_chunk_size(vocab)
         assert chunk >= 1
         assert chunk == 1 or chunk * vocab * 4 <= DEFAULT_CHUNK_BYTES
-    assert auto_chunk_size(151_936) == 27
+    assert auto_chunk_size(151_936) == auto_chunk_size(151_936, device="cpu") == 27
+    # an accelerator reuses freed buffers at any size: larger chunks, far fewer kernel launches
+    assert auto_chunk_size(151_936, device="cuda:0") == 2**28 // (4 * 151_936) == 441
+    assert auto_chunk_size(151_936, chunk_bytes=2**20, device="cuda") == 1
     logits_p, logits_q = torch.randn(2, 40, 33), torch.randn(2, 40, 33)
     torch.testing.assert_close(js_distance(logits_p, logits_q), js_distance(logits_p, logits_q, chunk_size=5))
 

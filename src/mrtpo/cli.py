@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("mrtpo.evaluate", "score a model or checkpoint on a task's held-out split"),
     "explain": ("mrtpo.explain", "render the token-credit view for a prompt/completion pair"),
     "demo": ("mrtpo.demo", "one MRTPO credit-assignment step on the default model, printed and as HTML"),
-    "bench": ("mrtpo.bench", "benchmarks: relevance, cost, learn"),
+    "bench": ("mrtpo.bench", "benchmarks: relevance, cost, learn, lift, gym, gpu, replay"),
     "version": ("mrtpo", "print the version"),
 }
 

@@ -14,7 +14,7 @@ from mrtpo.machine import machine_info
 
 BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
                               "learn": "mrtpo.bench.learn", "lift": "mrtpo.bench.lift", "gym": "mrtpo.bench.gym",
-                              "gpu": "mrtpo.bench.gpu"}
+                              "gpu": "mrtpo.bench.gpu", "replay": "mrtpo.bench.replay_floor"}
 
 
 def add_sampling_arguments(parser, *, prompts: int, max_new_tokens: int | None, methods: str, dtype: str) -> None:

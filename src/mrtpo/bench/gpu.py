@@ -3,10 +3,13 @@
 A GPU machine here has no hub and too little transfer room for real weights, and a step's cost
 depends on the model's shape, not on its weights. So this check builds random-initialised Qwen2
 models of the presets' shapes (``q05``: the default model's; ``q15``: Qwen2.5-1.5B's) with the
-real tokenizer, runs ``mrtpo train`` for a few steps per shape and method (each run in its own
-process, so peak memory is per run), and prints per phase the median over steps ≥ 2 (step 1
-warms up kernels and allocators), the peak memory and the mrtpo / gdpo step ratio; written as
-JSON too. Runs that would not fit the ``--deadline`` are skipped and say so.
+real tokenizer, and per shape first measures the replay against a plain forward over the same
+tokens (``mrtpo bench replay`` with a CUDA profile, training's batch shape and replay passes), then
+runs ``mrtpo train`` for a few steps per method (each in its own process, so peak memory is per
+run). It prints per phase the median over steps ≥ 2 (step 1 warms up kernels and allocators), the
+peak memory, the mrtpo / gdpo step ratio and the replay / plain-forward ratio against the targets
+(:data:`TARGETS`); written as JSON too. Runs that would not fit the ``--deadline`` are skipped and
+say so.
 ``scripts/gpu_check.sh`` sets the offline environment and runs it; ``--shapes tiny`` is a CPU dry
 run of the same path. With random weights every completion runs to ``max_completion_length``.
 """
@@ -35,6 +38,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 #: Per-step metrics summarised (median over steps ≥ 2), as the trainer logs them.
 PHASES = {"step": "step_time", "generation": "time/generation", "replay": "time/replay", "update": "time/update"}
+#: The GPU targets: mrtpo / gdpo step time, and the replay against a plain forward over its tokens.
+TARGETS = {"step_ratio": 1.10, "replay_ratio": 1.2}
 
 
 def _parse(argv):
@@ -49,7 +54,10 @@ def _parse(argv):
     p.add_argument("--group-size", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=128, help="completion length (random weights run to it)")
     p.add_argument("--deadline", type=float, default=450.0, help="seconds the whole check may take")
-    p.add_argument("--out", type=Path, default=Path("runs/bench/gpu"), help="folder for models, runs and gpu.json")
+    p.add_argument("--replay-timeout", type=float, default=120.0, help="seconds the replay measurement may take per shape "
+                   "(0: skip it)")
+    p.add_argument("--out", type=Path, default=Path("runs/bench/gpu"), help="folder for runs, logs and gpu.json")
+    p.add_argument("--models", type=Path, help="folder for the built models (default: OUT/models; 1-3 GB each)")
     p.add_argument("overrides", nargs="*", help="extra key=value settings for every run")
     return p.parse_args(argv)
 
@@ -129,9 +137,47 @@ def _train(model_dir: Path, method: str, run_dir: Path, args, timeout: float) ->
     return row
 
 
+def _config_groups_per_pass(config: Path, overrides: list[str]) -> int | None:
+    """``replay_groups_per_pass`` as the training runs will have it: the last override, else the config's."""
+    import yaml
+
+    value = (yaml.safe_load(config.read_text()) or {}).get("replay_groups_per_pass", 1)
+    for item in overrides:
+        key, _, text = item.partition("=")
+        if key.strip() == "replay_groups_per_pass":
+            value = yaml.safe_load(text)
+    return value
+
+
+def _replay(model_dir: Path, shape: str, args, timeout: float) -> dict[str, Any]:
+    """``mrtpo bench replay`` on the shape's model with the runs' batch shape and replay passes, in
+    its own process: its row (replay and plain-forward seconds, ratio, calls, host syncs) and profile counts."""
+    out = args.out / f"replay-{shape}.json"
+    per_pass = _config_groups_per_pass(args.config, args.overrides)
+    command = [sys.executable, "-m", "mrtpo.cli", "bench", "replay", "--model", str(model_dir), "--task", "sql",
+               "--prompts", str(args.prompts), "--group-size", str(args.group_size), "--max-new-tokens",
+               str(args.max_new_tokens), "--groups-per-pass", str(per_pass or 0), "--profile", "--out", str(out)]
+    print("$ " + " ".join(command), flush=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        rc, text = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired:
+        rc, text = "timeout", f"stopped after {timeout:.0f} s"
+    (args.out / f"replay-{shape}.log").write_text(text)
+    print(text[-6000:], flush=True)
+    if rc != 0 or not out.exists():
+        return {"rc": rc}
+    record = json.loads(out.read_text())
+    profile = record.get("profile", {})
+    return {"rc": rc, **{k: v for k, v in record["rows"][0].items() if not k.endswith("_all_s")},
+            **{k: profile[k] for k in ("kernel_launches", "synchronizations", "memcpy") if k in profile}}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import torch
+    import transformers
+    import trl
 
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in SHAPES]
@@ -141,11 +187,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no CUDA device: this check measures a GPU. For a CPU dry run of the same path: "
                          "--shapes tiny use_cpu=true bf16=false")
     start = time.perf_counter()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    print(f"{device}; torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}",
+          flush=True)
     tokenizer = _tokenizer_dir(args.tokenizer)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows, replays = [], {}
     for shape in shapes:
-        model_dir = build_model(shape, tokenizer, args.out / "models")
+        model_dir = build_model(shape, tokenizer, args.models or args.out / "models")
+        left = args.deadline - (time.perf_counter() - start)
+        if args.replay_timeout > 0 and left > 60:
+            replays[shape] = _replay(model_dir, shape, args, min(args.replay_timeout, left / 3))
         for index, method in enumerate(methods):
             left = args.deadline - (time.perf_counter() - start)
             budget = left / (len(methods) - index)  # an even share of what is left for this shape's runs
@@ -170,12 +223,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['shape']:>6} {r['method']:>7} {str(r['rc']):>8} {r['steps']:>5} {r['step']:>7.2f} "
               f"{r['generation']:>7.2f} {r['replay']:>8.2f} {r['update']:>8.2f} {peak:>8}")
     for shape, ratio in ratios.items():
-        print(f"mrtpo / gdpo step, {shape}: {ratio:.2f}x")
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        verdict = "met" if ratio <= TARGETS["step_ratio"] else "NOT met"
+        print(f"mrtpo / gdpo step, {shape}: {ratio:.2f}x (target <= {TARGETS['step_ratio']:.2f}x: {verdict})")
+    for shape, r in replays.items():
+        if r.get("rc") != 0:
+            print(f"replay / plain forward, {shape}: failed ({r.get('rc')}; see {args.out}/replay-{shape}.log)")
+            continue
+        verdict = "met" if r["ratio"] <= TARGETS["replay_ratio"] else "NOT met"
+        print(f"replay / plain forward, {shape}: {r['replay_s']:.3f} s / {r['floor_s']:.3f} s = {r['ratio']:.2f}x "
+              f"(target <= {TARGETS['replay_ratio']:.1f}x: {verdict}); {r['replay_forward_calls']} forward calls, "
+              f"{r['host_traffic']['syncs']} host syncs, {r.get('kernel_launches', '-')} kernel launches")
     write_record(args.out / "gpu.json", "GPU step cost per method, random-initialised models of the presets' shapes",
-                 "mrtpo bench gpu " + " ".join(argv or []), rows, device=device, ratios=ratios,
-                 seconds=time.perf_counter() - start)
-    return 0 if all(r.get("rc") in (0, "skipped") for r in rows) else 1
+                 "mrtpo bench gpu " + " ".join(argv or []), rows, device=device, ratios=ratios, replays=replays,
+                 targets=TARGETS, seconds=time.perf_counter() - start)
+    ok = all(r.get("rc") in (0, "skipped") for r in rows) and all(r.get("rc") == 0 for r in replays.values())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from mrtpo.credit.methods import (
 )
 from mrtpo.credit.relevance import (
     DEFAULT_CHUNK_BYTES,
+    DEFAULT_CHUNK_BYTES_ACCELERATOR,
     DEFAULT_CHUNK_SIZE,
     auto_chunk_size,
     JS_DISTANCE_MAX,
@@ -48,6 +49,7 @@ from mrtpo.credit.weights import MIN_MEAN_RELEVANCE, relevance_weights
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_CHUNK_BYTES_ACCELERATOR",
     "DEFAULT_CHUNK_SIZE",
     "auto_chunk_size",
     "JS_DISTANCE_MAX",

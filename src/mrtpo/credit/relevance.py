@@ -33,11 +33,20 @@ JS_DISTANCE_MAX = math.sqrt(LN2)
 #: heap, larger ones are page-faulted afresh on every chunk, which made chunk 256 at V = 152k
 #: ~8× slower than chunk 32 (see ``mrtpo bench relevance``).
 DEFAULT_CHUNK_BYTES = 16 * 2**20
+#: The same budget on an accelerator, whose caching allocator reuses a freed buffer at any size:
+#: there each chunk costs ~25 small kernel launches, so a CPU-sized chunk (27 positions at
+#: V = 152k) would make a 4 × 8 × 128-token replay launch ~10k kernels. 256 MiB keeps 441
+#: positions per chunk at that vocabulary, ~2 GiB of fp32 temporaries at once.
+DEFAULT_CHUNK_BYTES_ACCELERATOR = 256 * 2**20
 DEFAULT_CHUNK_SIZE = None
 
 
-def auto_chunk_size(vocab_size: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Positions per chunk so that one fp32 ``(chunk, vocab_size)`` buffer fits ``chunk_bytes``."""
+def auto_chunk_size(vocab_size: int, chunk_bytes: int | None = None, device: torch.device | str | None = None) -> int:
+    """Positions per chunk so that one fp32 ``(chunk, vocab_size)`` buffer fits ``chunk_bytes``
+    (default: :data:`DEFAULT_CHUNK_BYTES` on a CPU, :data:`DEFAULT_CHUNK_BYTES_ACCELERATOR` on another device)."""
+    if chunk_bytes is None:
+        on_cpu = device is None or torch.device(device).type == "cpu"
+        chunk_bytes = DEFAULT_CHUNK_BYTES if on_cpu else DEFAULT_CHUNK_BYTES_ACCELERATOR
     return max(1, chunk_bytes // (4 * max(1, vocab_size)))
 # Log-probabilities are floored here so that -inf logits (masked vocabulary) never produce
 # NaN through (-inf) - (-inf); exp(-1e4) is exactly 0 in fp32, so no probability changes.
@@ -127,7 +136,7 @@ def _chunked_positions(
     n, t = mask.shape
     v = logits_p.shape[-1]
     if chunk_size is None:
-        chunk_size = auto_chunk_size(v)
+        chunk_size = auto_chunk_size(v, device=logits_p.device)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     out = torch.zeros(n * t, dtype=torch.float32, device=logits_p.device)
@@ -348,6 +357,7 @@ def paired_entropy(logits: Tensor, rows: Tensor, mask: Tensor, chunk_size: int |
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_CHUNK_BYTES_ACCELERATOR",
     "DEFAULT_CHUNK_SIZE",
     "auto_chunk_size",
     "JS_DISTANCE_MAX",
