@@ -406,3 +406,65 @@ def test_a_shared_pass_in_bfloat16_stays_within_bfloat16_noise():
         noise = (alone.maps - exact.maps).abs().max()
         assert 0 < noise < 0.05
         assert (got.maps - alone.maps).abs().max() <= noise
+
+
+def test_autocast_outputs_drops_the_fp32_copy_of_mixed_precision_logits():
+    """accelerate's bf16 mixed precision returns fp32 copies of autocast's bf16 outputs; inside
+    ``autocast_outputs`` the forward returns the bf16 tensor itself (same values), and the wrapper is
+    back afterwards. A model not prepared for mixed precision is left as it is."""
+    from accelerate import Accelerator
+
+    from mrtpo.replay import autocast_outputs
+
+    model, _ = tiny_policy(seed=0)
+    prepared = Accelerator(mixed_precision="bf16", cpu=True).prepare(model)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        upcast = prepared(input_ids=ids).logits
+        with autocast_outputs(prepared):
+            native = prepared(input_ids=ids).logits
+        after = prepared(input_ids=ids).logits
+    assert upcast.dtype == after.dtype == torch.float32 and native.dtype == torch.bfloat16
+    assert torch.equal(native.float(), upcast) and torch.equal(after, upcast)
+    plain, _ = tiny_policy(seed=0)
+    forward = plain.forward
+    with autocast_outputs(plain), torch.no_grad():
+        assert plain(input_ids=ids).logits.dtype == torch.float32
+    assert plain.forward == forward and "forward" not in plain.__dict__
+
+
+def test_bf16_trainer_replays_on_bf16_logits_with_the_same_maps(tmp_path, monkeypatch):
+    """A bf16 mixed-precision trainer (CPU autocast) replays on autocast's bf16 logits, and its
+    relevance maps are bit-identical to the replay on accelerate's fp32 copies."""
+    import contextlib
+
+    import mrtpo.replay as replay_module
+    import mrtpo.trainer as trainer_module
+    from tests.test_trainer import char_code, has_letter_e, make_trainer, plain_length
+
+    dtypes, maps = [], {}
+    original = replay_module.pass_context_logits
+
+    def recording(*args, **kwargs):
+        result = original(*args, **kwargs)
+        dtypes.append(result.logits.dtype)
+        return result
+
+    monkeypatch.setattr(replay_module, "pass_context_logits", recording)
+    for name, context in (("native", trainer_module.autocast_outputs), ("upcast", lambda _m: contextlib.nullcontext())):
+        monkeypatch.setattr(trainer_module, "autocast_outputs", context)
+        trainer = make_trainer(tmp_path / name, [has_letter_e, char_code, plain_length], max_steps=1, bf16=True)
+        original_replay = trainer._replay_eval_mode
+
+        def keep(*args, _original=original_replay, _name=name, **kwargs):
+            result = _original(*args, **kwargs)
+            maps[_name] = result["relevance"].clone()
+            return result
+
+        trainer._replay_eval_mode = keep
+        trainer.train()
+        dtypes.append(name)
+    assert torch.bfloat16 in dtypes[: dtypes.index("native")]
+    assert torch.float32 in dtypes[dtypes.index("native") + 1:]
+    assert maps["native"].abs().sum() > 0
+    assert torch.equal(maps["native"], maps["upcast"])

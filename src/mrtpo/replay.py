@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MethodType
 from typing import Any
 
 import torch
@@ -52,6 +54,35 @@ def underlying_model(model: Any) -> Any:
             continue
         break
     return model
+
+
+@contextmanager
+def autocast_outputs(model: Any) -> Iterator[None]:
+    """While active, a model prepared by accelerate for mixed precision returns autocast's own
+    (bf16 / fp16) outputs instead of an fp32 copy of them.
+
+    accelerate wraps such a model's ``forward`` so that every output is upcast to fp32; for a
+    replay that is a second, fp32 copy of ``(Σ C·G, T, V)`` logits next to the bf16 ones (2.5 →
+    7.5 GB per group of 8 × 256 tokens at V = 152k), though the relevance kernels upcast each chunk
+    anyway: the maps come out bit-identical. The wrapped forward of every module of ``model`` that
+    has one (the model, or the module under DDP / FSDP wrappers, which call it) is swapped for the
+    autocast forward underneath it, and restored on exit. A model without the wrapper is untouched.
+    """
+    from accelerate.utils.operations import ConvertOutputsToFp32
+
+    swapped = []
+    for module in model.modules() if isinstance(model, torch.nn.Module) else []:
+        forward = module.__dict__.get("forward")
+        converter = getattr(getattr(forward, "__func__", forward), "__wrapped__", None)
+        if isinstance(converter, ConvertOutputsToFp32):
+            inner = converter.model_forward
+            module.forward = MethodType(inner, module) if hasattr(forward, "__func__") else inner
+            swapped.append((module, forward))
+    try:
+        yield
+    finally:
+        for module, forward in swapped:
+            module.forward = forward
 
 
 def _cache_keyword(model: Any) -> str:
@@ -453,7 +484,8 @@ def replay_completion(
 
 
 __all__ = [
-    "ForwardCounter", "GroupRelevance", "PassLogits", "ReplayGroup", "ReplayResult", "batch_relevance", "common_prefix_length",
+    "ForwardCounter", "GroupRelevance", "PassLogits", "ReplayGroup", "ReplayResult", "autocast_outputs", "batch_relevance",
+    "common_prefix_length",
     "completion_logits", "group_context_logits", "group_forward_calls", "group_relevance", "pass_context_logits",
     "pass_forward_calls", "plan_passes", "replay_completion", "replay_forward_calls", "shared_lengths",
     "underlying_model",

@@ -53,7 +53,7 @@ from mrtpo.credit import (
     reward_coefficients,
 )
 from mrtpo.counterfactual import counterfactual_text
-from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, replay_forward_calls
+from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
 from mrtpo.rewards import declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer_config import (
@@ -253,7 +253,8 @@ class MRTPOTrainer(GRPOTrainer):
         was_training = self.model.training
         self.model.eval()  # dropout off: the two contexts must differ only by the evidence
         try:
-            return self._replay_eval_mode(inputs, out, coefficients)
+            with autocast_outputs(self.model):  # under mixed precision, no fp32 copy of the logits
+                return self._replay_eval_mode(inputs, out, coefficients)
         finally:
             self.model.train(was_training)
 
