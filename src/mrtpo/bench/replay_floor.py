@@ -14,7 +14,8 @@ depends on its token counts, not on what the tokens say, and a random-initialise
 ``--repeats`` after one warm-up, with the device synchronised around each. ``--profile`` adds
 torch.profiler's top ops of one replay (CUDA kernels too on a GPU) and the counts of kernel
 launches, synchronisations and copies it saw; :class:`~mrtpo.bench.traffic.HostTraffic` counts
-the host syncs outside the model on any device.
+the host syncs outside the model on any device, and on CUDA the allocator's statistics give the
+allocations of one replay.
 
 Printed and written as JSON (``runs/bench/replay.json``).
 """
@@ -169,12 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     replay_calls = counter.calls // (args.repeats + 1)
     floor_calls, floor_tokens = plain_forward(model, groups, per_pass)
     floor_s = timed(lambda: plain_forward(model, groups, per_pass), device, args.repeats)
+    before = torch.cuda.memory_stats(device) if device.type == "cuda" else {}
     with HostTraffic(model) as traffic:
         replay()
         _synchronize(device)
+    after = torch.cuda.memory_stats(device) if device.type == "cuda" else {}
+    # allocation requests served by the caching allocator, and the device allocations behind them
+    allocations = {key: after.get(key, 0) - before.get(key, 0)
+                   for key in ("allocation.all.allocated", "num_device_alloc")} if after else None
     row = {"replay_s": statistics.median(replay_s), "floor_s": statistics.median(floor_s),
            "replay_all_s": replay_s, "floor_all_s": floor_s, "replay_forward_calls": replay_calls,
            "floor_forward_calls": floor_calls, "floor_tokens": floor_tokens, "host_traffic": traffic.summary(),
+           "allocations": allocations,
            "contexts": [len(g.contexts) for g in groups], "prompt_tokens": [len(g.contexts[0]) for g in groups]}
     row["ratio"] = row["replay_s"] / row["floor_s"]
     if device.type == "cuda":
@@ -183,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{row['contexts']}, {args.groups_per_pass or 'all'} group(s) per pass, {dtype} on {device}")
     print(f"replay            {row['replay_s']:8.3f} s  ({replay_calls} forward calls; host syncs "
           f"{traffic.syncs}, copies to the device {traffic.to_device}, torch calls outside the model {traffic.calls})")
+    if allocations is not None:
+        print(f"                  {allocations['allocation.all.allocated']} allocations from the caching allocator, "
+              f"{allocations['num_device_alloc']} device allocations")
     print(f"plain forward     {row['floor_s']:8.3f} s  ({floor_calls} forward calls over {floor_tokens} tokens)")
     print(f"replay / floor    {row['ratio']:8.2f}")
     extra: dict[str, Any] = {}
