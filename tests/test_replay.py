@@ -413,11 +413,16 @@ def test_autocast_outputs_drops_the_fp32_copy_of_mixed_precision_logits():
     ``autocast_outputs`` the forward returns the bf16 tensor itself (same values), and the wrapper is
     back afterwards. A model not prepared for mixed precision is left as it is."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     from mrtpo.replay import autocast_outputs
 
     model, _ = tiny_policy(seed=0)
-    prepared = Accelerator(mixed_precision="bf16", cpu=True).prepare(model)
+    AcceleratorState._reset_state(True)  # a process-wide singleton: earlier tests set no mixed precision
+    try:
+        prepared = Accelerator(mixed_precision="bf16", cpu=True).prepare(model)
+    finally:
+        AcceleratorState._reset_state(True)
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         upcast = prepared(input_ids=ids).logits

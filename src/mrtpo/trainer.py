@@ -246,14 +246,13 @@ class MRTPOTrainer(GRPOTrainer):
         and up to ``replay_groups_per_pass`` groups share a pass's three forward calls.
         ``coefficients`` ``(B, K)``: each completion's reward coefficients ``ω_k Â[j,k]``; a map that
         only multiplies zero coefficients is not computed (``None``: compute every map).
-        Every rank first plans its groups and agrees with the others on the maximum number of
-        forward calls, then replays and pads with dummy calls up to it, so sharded models
-        (FSDP, ZeRO-3) and DDP stay in lockstep.
+        Every rank first plans its groups and agrees with the others on the maximum number of forward calls,
+        then replays and pads with dummy calls up to it, so sharded models (FSDP, ZeRO-3) and DDP stay in lockstep.
         """
         was_training = self.model.training
         self.model.eval()  # dropout off: the two contexts must differ only by the evidence
-        try:
-            with autocast_outputs(self.model):  # under mixed precision, no fp32 copy of the logits
+        try:  # under mixed precision, autocast's bf16 logits: no fp32 copy of them
+            with autocast_outputs(self.model):
                 return self._replay_eval_mode(inputs, out, coefficients)
         finally:
             self.model.train(was_training)
