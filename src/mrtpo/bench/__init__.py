@@ -17,14 +17,19 @@ BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrt
                               "gpu": "mrtpo.bench.gpu", "replay": "mrtpo.bench.replay_floor"}
 
 
-def add_sampling_arguments(parser, *, prompts: int, max_new_tokens: int | None, methods: str, dtype: str) -> None:
-    """The options of a benchmark that samples groups from one policy (``bench cost``, ``bench lift``):
-    ``--model --prompts --group-size --max-new-tokens --methods --dtype --seed``."""
+def add_batch_arguments(parser, *, prompts: int, group_size: int = 4, max_new_tokens: int | None) -> None:
+    """The batch a benchmark replays from one policy: ``--model --prompts --group-size --max-new-tokens``."""
     parser.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf or hub id")
     parser.add_argument("--prompts", type=int, default=prompts, help="prompts, one group of completions each")
-    parser.add_argument("--group-size", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--group-size", type=int, default=group_size, help="completions per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
                         help="completion length cap" + ("" if max_new_tokens else " (default: per task)"))
+
+
+def add_sampling_arguments(parser, *, prompts: int, max_new_tokens: int | None, methods: str, dtype: str) -> None:
+    """The options of a benchmark that samples groups from one policy (``bench cost``, ``bench lift``):
+    :func:`add_batch_arguments` and ``--methods --dtype --seed``."""
+    add_batch_arguments(parser, prompts=prompts, max_new_tokens=max_new_tokens)
     parser.add_argument("--methods", default=methods, help="comma-separated credit methods")
     parser.add_argument("--dtype", default=dtype, choices=["float32", "bfloat16"], help="policy dtype")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")

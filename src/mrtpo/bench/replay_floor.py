@@ -31,17 +31,14 @@ from typing import Any, Callable
 
 import torch
 
-from mrtpo.bench import write_record
+from mrtpo.bench import add_batch_arguments, write_record
 from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, plan_passes, underlying_model
 
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="mrtpo bench replay", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf or hub id")
+    add_batch_arguments(p, prompts=4, group_size=8, max_new_tokens=128)  # completions: random tokens of that length
     p.add_argument("--task", default="sql", help="task whose train prompts and evidence make the contexts")
-    p.add_argument("--prompts", type=int, default=4, help="prompt groups")
-    p.add_argument("--group-size", type=int, default=8, help="completions per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="completion length (random tokens)")
     p.add_argument("--groups-per-pass", type=int, default=0, help="prompt groups per replay pass (0: all)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="model dtype (default: bfloat16 on CUDA, "
                    "float32 on a CPU)")
