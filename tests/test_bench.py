@@ -118,8 +118,16 @@ def test_gpu_check_dry_run_on_the_cpu(tiny_model_dir, tmp_path):
     record = json.loads((out / "gpu.json").read_text())
     rows = {r["method"]: r for r in record["rows"]}
     assert set(rows) == {"gdpo", "mrtpo"} and all(r["rc"] == 0 and r["steps"] == 2 for r in rows.values())
-    # gdpo replays nothing; mrtpo replays only groups where an evidence reward spreads (maybe none here)
-    assert rows["gdpo"]["replay"] < 1e-3 and rows["mrtpo"]["replay"] >= 0
+    # gdpo replays nothing; mrtpo replays every group although random weights score 0 everywhere
+    # (skip_zero_advantage=false), and neither leaves update rows out
+    assert rows["gdpo"]["replay"] < 1e-3 and rows["mrtpo"]["replay"] > 0
+    for method in ("gdpo", "mrtpo"):
+        steps = [json.loads(x) for x in (out / "runs" / f"tiny-{method}" / "metrics.jsonl").read_text().splitlines()]
+        steps = [x for x in steps if "step_time" in x]
+        assert len(steps) == 2 and all(x["reward_std"] == 0 for x in steps)  # nothing would have been replayed
+        assert not any("skip/update_completions_skipped" in x for x in steps)
+        assert all(x.get("skip/completions_skipped", 0) == 0 for x in steps)
+        assert [x.get("skip/completions_replayed") for x in steps] == ([2, 2] if method == "mrtpo" else [None, None])
     assert all(r["peak_gib"] > 0.1 and r["step"] > 0 for r in rows.values())
     assert record["ratios"]["tiny"] == rows["mrtpo"]["step"] / rows["gdpo"]["step"]
     assert "mrtpo / gdpo step, tiny:" in done.stdout
@@ -135,3 +143,16 @@ def test_gpu_check_refuses_a_real_shape_without_cuda():
 
     with pytest.raises(SystemExit, match="no CUDA device"):
         main(["--shapes", "q05"])
+
+
+def test_gpu_check_keeps_a_stopped_runs_output(tmp_path):
+    """A run stopped by its timeout keeps what it printed (its traceback, its progress), in a log whose
+    folder the run never got to make."""
+    from mrtpo.bench.gpu import _run_logged
+
+    log = tmp_path / "runs" / "q05-mrtpo.log"
+    rc, text = _run_logged(["bash", "-c", "echo started; echo warning >&2; sleep 30"], 1.0, log)
+    assert rc == "timeout" and log.read_text() == text
+    assert text.startswith("started\nwarning\n") and text.endswith("stopped after 1 s")
+    rc, text = _run_logged(["bash", "-c", "echo out; exit 3"], 10.0, log)
+    assert (rc, text, log.read_text()) == (3, "out\n", "out\n")

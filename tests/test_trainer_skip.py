@@ -146,7 +146,7 @@ def test_update_without_zero_advantage_rows_has_the_same_loss_and_gradient(tmp_p
 @pytest.mark.parametrize("setting, skips", [
     ({}, True), ({"loss_type": "cispo"}, True), ({"loss_type": "grpo"}, False),
     ({"loss_type": "bnpo"}, False), ({"loss_type": "dr_grpo"}, False), ({"entropy_coef": 0.01}, False),
-    ({"top_entropy_quantile": 0.5}, False),
+    ({"top_entropy_quantile": 0.5}, False), ({"skip_zero_advantage": False}, False),
 ])
 def test_update_skips_only_where_it_is_exact(tmp_path, setting, skips):
     model, tok = tiny_policy(seed=0)
@@ -195,3 +195,21 @@ def test_skip_metrics_and_zero_rows_through_the_trainer(tmp_path, method):
         torch.testing.assert_close(batch["out"]["advantages"][zero], torch.zeros(int(zero.sum()), 8), atol=1e-6, rtol=0)
         zero_rows += zero.tolist()
     assert 0 < sum(zero_rows) < len(zero_rows)  # both kinds of completion occurred
+
+
+def test_skip_zero_advantage_false_replays_and_updates_every_completion(tmp_path):
+    """``skip_zero_advantage=False`` (the GPU check: random weights score 0 everywhere) does the whole
+    step's work: every group's every counterfactual is replayed, and no update row is left out, although
+    the groups of ex1 and ex3 have no spread."""
+    trainer = make_trainer(tmp_path, [has_letter_e, code_on_even_examples], max_steps=2,
+                           per_device_train_batch_size=8, num_generations=4, skip_zero_advantage=False)
+    seen = record_batches(trainer)
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [x for x in lines if "skip/zero_spread/has_letter_e" in x]
+    assert len(logged) == len(seen) == 2
+    assert any(x["skip/zero_spread/code_on_even_examples"] > 0 for x in logged)  # there was something to skip
+    for batch, metrics in zip(seen, logged):
+        assert metrics["skip/completions_replayed"] == 8 and metrics["skip/completions_skipped"] == 0
+        assert metrics["skip/contexts_replayed"] == 2 * 2 and metrics["skip/contexts_skipped"] == 0
+        assert "skip/update_completions_skipped" not in metrics and ZERO_ADVANTAGE_KEY not in batch["out"]

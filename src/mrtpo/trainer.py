@@ -45,14 +45,8 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
-from mrtpo.credit import (
-    CreditBatch,
-    CreditConfig,
-    get_method,
-    group_normalize,
-    reward_coefficients,
-)
 from mrtpo.counterfactual import counterfactual_text
+from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
 from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
 from mrtpo.rewards import declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
@@ -123,7 +117,8 @@ class MRTPOTrainer(GRPOTrainer):
         self.add_callback(MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl"))
 
     def _skips_zero_rows(self) -> bool:
-        """Whether the update may leave out completions whose advantage is 0 at every token.
+        """Whether the update may leave out completions whose advantage is 0 at every token
+        (``skip_zero_advantage``, default true).
 
         Exact only when such a row adds exactly nothing to the loss and its gradient: its policy term
         is ``−min(r·0, clip(r)·0) = 0`` under every token-level loss, but a KL term (``beta``), an
@@ -131,8 +126,8 @@ class MRTPOTrainer(GRPOTrainer):
         router aux loss depend on the rows present, and so does the normaliser of every loss type but
         :data:`GLOBAL_NORMALISER_LOSSES`.
         """
-        return (self.loss_type in GLOBAL_NORMALISER_LOSSES and self.beta == 0.0 and not self._entropy_bonus_enabled
-                and self.top_entropy_quantile == 1.0 and not self.aux_loss_enabled)
+        return (self.args.skip_zero_advantage and self.loss_type in GLOBAL_NORMALISER_LOSSES and self.beta == 0.0
+                and not self._entropy_bonus_enabled and self.top_entropy_quantile == 1.0 and not self.aux_loss_enabled)
 
     def _check_evidence(self, dataset: Any) -> None:
         """Build every row's counterfactual prompts once, before training.
@@ -364,7 +359,8 @@ class MRTPOTrainer(GRPOTrainer):
 
         coefficients = reward_coefficients(self._last_rewards, self.num_generations, self.credit_config.reward_weights)
         start = time.perf_counter()
-        maps = self._replay(inputs, out, coefficients[rows]) if self.credit_method.needs != "none" else {}
+        plan = coefficients[rows] if self.args.skip_zero_advantage else None  # None: every map is computed
+        maps = self._replay(inputs, out, plan) if self.credit_method.needs != "none" else {}
         self._timing["replay"] += time.perf_counter() - start
 
         batch = CreditBatch(

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from mrtpo.credit import RELEVANCE_KINDS, available_methods, get_method
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER
+from mrtpo.credit import RELEVANCE_KINDS, available_methods, get_method
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
 SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
@@ -48,6 +48,9 @@ class MRTPOConfig(GRPOConfig):
     relevance_top_k: int | None = field(default=None, metadata={"help": "top-k approximation of the JS sum; None: exact"})
     replay_micro_batch: int | None = field(default=None, metadata={"help": "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group"})
     replay_groups_per_pass: int | None = field(default=1, metadata={"help": "prompt groups replayed in one pass of three forward calls (fewer calls; logits memory grows with it); None: all of a step's groups"})
+    skip_zero_advantage: bool = field(default=True, metadata={"help": (
+        "leave out the replays and update rows that cannot move the policy (exact); false runs them anyway, "
+        "e.g. to time whole steps on a random-weight model whose rewards are all 0")})
     privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
     credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
     credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
