@@ -212,8 +212,13 @@ def test_resume_continues_the_same_run(tiny_dir, tmp_path, monkeypatch, one_thre
 
 
 def test_resume_rejects_another_output_dir(tiny_dir, tmp_path, capsys):
-    ckpt = tmp_path / "run" / "checkpoint-1"
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "run" / "checkpoint-1"  # complete: weights, optimizer, scheduler, RNG, then the state
     ckpt.mkdir(parents=True)
+    save_file({"w": torch.zeros(2)}, ckpt / "model.safetensors")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({}, ckpt / name)
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
     assert main(["--resume", str(ckpt), "--output-dir", str(tmp_path / "other")]) == 2
     assert "resuming keeps the run's folder" in capsys.readouterr().err
@@ -289,14 +294,21 @@ def test_cpu_demo_config_runs_one_step_on_the_default_model(tmp_path):
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
-def test_a_fresh_run_in_a_used_folder_starts_over(cli_run, tiny_dir, tmp_path, capsys, one_thread):
+def test_a_fresh_run_in_a_used_folder_is_refused_unless_told_to_overwrite(cli_run, tiny_dir, tmp_path, capsys,
+                                                                          one_thread):
     out, proc = cli_run
     assert proc.returncode == 0
     again = tmp_path / "again"
     shutil.copytree(out, again)
-    assert main(["--task", "sql", "--model", str(tiny_dir), "--output-dir", str(again), "--max-steps", "1",
-                 "report=false", *SMALL]) == 0
-    assert "holds checkpoints of an earlier run" in capsys.readouterr().out
+    fresh = ["--task", "sql", "--model", str(tiny_dir), "--output-dir", str(again), "--max-steps", "1", "report=false",
+             *SMALL]
+    before = {p: p.read_bytes() for p in again.rglob("*") if p.is_file()}
+    assert main(fresh) == 2
+    assert f"{again} already holds a run" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in again.rglob("*") if p.is_file()} == before  # untouched
+    assert main([*fresh, "--overwrite"]) == 0
     steps = [json.loads(x)["step"] for x in (again / "metrics.jsonl").read_text().splitlines()]
     samples = [json.loads(x)["step"] for x in (again / "credit_samples.jsonl").read_text().splitlines()]
     assert steps == [1, 1] and samples == [0, 0]  # one step and its summary; nothing left of the 2-step run
+    assert sorted(p.name for p in again.glob("checkpoint-*")) == ["checkpoint-1"]  # the old checkpoint-2 is gone
+    assert not (again / "report.html").exists()  # the old run's report too (this run has report=false)

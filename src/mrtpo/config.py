@@ -16,6 +16,7 @@ import datetime as _dt
 import difflib
 import importlib.util
 import itertools
+import math
 import os
 import types
 import typing
@@ -350,8 +351,9 @@ def load_config(
 ) -> RunConfig:
     """Resolve defaults < ``base`` < each config file < ``overrides`` into a :class:`RunConfig`.
 
-    Raises :class:`ConfigError` for unknown keys and badly typed values, and passes
-    MRTPOConfig's own validation errors on as ConfigError.
+    Raises :class:`ConfigError` for unknown keys, badly typed values and values out of range
+    (checked here, before any model loads), and passes MRTPOConfig's own validation errors on as
+    ConfigError.
     """
     from mrtpo.trainer import MRTPOConfig
 
@@ -412,6 +414,7 @@ def load_config(
         trainer_kwargs.pop("steps_per_generation", None)
     elif "steps_per_generation" not in explicit:
         trainer_kwargs.pop("generation_batch_size", None)
+    _validate_trainer(trainer_kwargs)
     try:
         args = MRTPOConfig(**trainer_kwargs)
     except (ValueError, TypeError) as exc:
@@ -436,6 +439,46 @@ def _validate_run(run: RunSettings) -> None:
         raise ConfigError(f"lora_r must be >= 0 (0: full fine-tuning), got {run.lora_r}")
     if run.report_samples < 0:
         raise ConfigError(f"report_samples must be >= 0, got {run.report_samples}")
+    if not 0.0 <= run.lora_dropout < 1.0:
+        raise ConfigError(f"lora_dropout must be in [0, 1), got {run.lora_dropout}")
+    if not run.lora_learning_rate > 0:
+        raise ConfigError(f"lora_learning_rate must be > 0, got {run.lora_learning_rate}")
+
+
+#: Trainer settings that must be > 0 (a zero learning rate trains nothing, silently) and >= a minimum.
+_POSITIVE = ("learning_rate", "temperature")
+_AT_LEAST = {"max_steps": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
+             "max_completion_length": 1, "num_generations": 2, "num_iterations": 1, "generation_batch_size": 1,
+             "steps_per_generation": 1}
+
+
+def _validate_trainer(kwargs: dict[str, Any]) -> None:
+    """Ranges TRL checks late or not at all (a batch size of 0 or a temperature of 0 fail only once
+    training starts, as tracebacks), and the divisibility it needs: each generation batch holds whole
+    prompt groups. ``kwargs``: the MRTPOConfig fields given (the others take their defaults)."""
+    fields = _trainer_fields()
+
+    def value(key):
+        return kwargs[key] if key in kwargs else fields[key].default
+
+    for key in _POSITIVE:
+        v = value(key)
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ConfigError(f"{key} must be > 0, got {v}")
+    for key, least in _AT_LEAST.items():
+        v = value(key)
+        if v is not None and v < least:
+            hint = " (GRPO compares the completions of a prompt)" if key == "num_generations" else ""
+            raise ConfigError(f"{key} must be >= {least}{hint}, got {v}")
+    if not 0 < value("top_p") <= 1:
+        raise ConfigError(f"top_p must be in (0, 1], got {value('top_p')}")
+    if kwargs.get("generation_batch_size") is None:  # else TRL checks it against num_generations itself
+        steps = "steps_per_generation" if kwargs.get("steps_per_generation") else "gradient_accumulation_steps"
+        size, per_step, processes = value("per_device_train_batch_size"), value(steps), int(os.environ.get("WORLD_SIZE", "1"))
+        if (size * per_step * processes) % value("num_generations"):
+            raise ConfigError(f"per_device_train_batch_size x {steps} x processes ({size} x {per_step} x {processes}) must "
+                              f"be divisible by num_generations ({value('num_generations')}): a generation batch holds "
+                              "whole prompt groups")
 
 
 def write_config(config: RunConfig, path: str | os.PathLike) -> Path:
@@ -450,5 +493,7 @@ def write_config(config: RunConfig, path: str | os.PathLike) -> Path:
             + "# MRTPOConfig (TRL GRPOConfig + credit assignment) fields:\n"
             + yaml.safe_dump(trainer_part, sort_keys=False))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)  # atomic: a crash leaves the old file or the new one, never half of one
     return path

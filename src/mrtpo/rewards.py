@@ -12,12 +12,16 @@ Two ways to give a reward its evidence:
   example up by the dataset's ``example_id`` column.
 
 The trainer asks :func:`evidence_for` for each (reward, dataset row) pair; a reward without
-declared evidence gets uniform token weights.
+declared evidence gets uniform token weights. Every value a reward function returns must be a
+finite number, or None / NaN ("not applicable", as in TRL); anything else stops training with an
+error naming the function, the row and the value (:func:`check_reward_values`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,9 +110,78 @@ def declares_evidence(reward_func: Any) -> bool:
     return isinstance(reward_func, VerifierReward) or getattr(reward_func, EVIDENCE_ATTR, None) is not None
 
 
+class RewardValueError(ValueError):
+    """A reward function returned something that is not a reward (a string, ±inf, a non-list)."""
+
+
+def check_reward_values(name: str, values: Any, example_ids: Sequence[Any] | None = None) -> Any:
+    """``values`` unchanged if each is a real number (finite, or NaN: not applicable) or None; else a
+    :class:`RewardValueError` naming reward function ``name``, the row (and its ``example_ids`` entry)
+    and the value. ±inf is refused: it would turn every advantage of its group into NaN."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise RewardValueError(f"reward function {name!r} returned a {type(values).__name__} ({values!r:.60}), "
+                               "not a list with one reward per completion")
+    for row, value in enumerate(values):
+        if value is None:
+            continue
+        number = _as_number(value)
+        if number is not None and (math.isfinite(number) or math.isnan(number)):
+            continue
+        at = f"row {row}" + (f" (example_id {example_ids[row]!r})" if example_ids and row < len(example_ids) else "")
+        kind = "infinite" if number is not None else f"a {type(value).__name__}"
+        raise RewardValueError(f"reward function {name!r} returned {value!r:.60} ({kind}) for {at}; a reward must "
+                               "be a finite number, or None (not applicable)")
+    return values
+
+
+def _as_number(value: Any) -> float | None:
+    """``value`` as a float if it is a number (int, float, numpy or 0-dim torch scalar), else None."""
+    if isinstance(value, (str, bytes)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _checked(func: Any, name: str) -> Any:
+    """``func`` with its values passed through :func:`check_reward_values` (a model scores as logits: as is)."""
+    import torch
+    from trl.trainer.utils import is_async_callable
+
+    if isinstance(func, torch.nn.Module):
+        return func
+    if is_async_callable(func):
+        async def check_async(**kwargs):
+            return check_reward_values(name, await func(**kwargs), kwargs.get("example_id"))
+
+        return check_async
+
+    def check(**kwargs):
+        return check_reward_values(name, func(**kwargs), kwargs.get("example_id"))
+
+    return check
+
+
+@contextlib.contextmanager
+def checked_reward_funcs(trainer: Any) -> Iterator[None]:
+    """Within the block, ``trainer``'s reward functions check their values as TRL calls them
+    (TRL's ``_calculate_rewards`` stacks them into a float tensor, where a string fails without naming
+    the function and ±inf passes)."""
+    original = trainer.reward_funcs
+    trainer.reward_funcs = [_checked(f, n) for f, n in zip(original, trainer.reward_func_names)]
+    try:
+        yield
+    finally:
+        trainer.reward_funcs = original
+
+
 __all__ = [
     "EvidenceSpec",
+    "RewardValueError",
     "VerifierReward",
+    "check_reward_values",
+    "checked_reward_funcs",
     "completion_text",
     "declares_evidence",
     "evidence",

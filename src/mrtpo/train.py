@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import errno
 import math
 import os
 import sys
@@ -44,44 +44,21 @@ from mrtpo.config import (  # noqa: E402
     valid_keys,
     write_config,
 )
+from mrtpo.run_folder import (  # noqa: E402
+    ConfigStamp,
+    check_fresh_folder,
+    check_writable,
+    checkpoint_step,
+    clear_run,
+    config_differences,
+    find_checkpoint,
+    run_files,
+    saved_config,
+)
+from mrtpo.trainer_metrics import trim_jsonl  # noqa: E402
 
-__all__ = ["PromptMismatchError", "build_trainer", "find_checkpoint", "main", "resolve_from_argv"]
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints.
-# --------------------------------------------------------------------------------------------
-def find_checkpoint(where: str | os.PathLike) -> Path:
-    """A checkpoint folder itself, or the latest ``checkpoint-N`` inside a run folder."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    path = Path(where)
-    if (path / "trainer_state.json").is_file():
-        return path
-    if not path.is_dir():
-        raise ConfigError(f"cannot resume from {path}: no such folder")
-    last = get_last_checkpoint(str(path))
-    if last is None or not (Path(last) / "trainer_state.json").is_file():
-        raise ConfigError(f"cannot resume: {path} holds no checkpoint-N folder with a trainer_state.json "
-                          "(checkpoints are written every save_steps steps and at the end)")
-    return Path(last)
-
-
-def _checkpoint_step(checkpoint: Path) -> int:
-    return int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
-
-
-def _trim_credit_samples(output_dir: Path, step: int) -> None:
-    """Drop credit samples an interrupted run wrote after the checkpoint we resume from.
-
-    A sample is tagged with the global step *before* its update, so step ``s`` belongs to the
-    update that produced checkpoint ``s + 1``: keep those with ``step < checkpoint step``.
-    """
-    path = output_dir / "credit_samples.jsonl"
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) < step]
-    path.write_text("".join(line + "\n" for line in kept))
+__all__ = ["PromptMismatchError", "TaskData", "build_trainer", "find_checkpoint", "load_task_data", "main",
+           "resolve_from_argv"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,8 +112,54 @@ def format_step(step: int, max_steps: int, logs: dict[str, Any], reward_names: l
     return " | ".join(parts)
 
 
-def build_trainer(config: RunConfig):
-    """The :class:`~mrtpo.trainer.MRTPOTrainer` for ``config``: task data, verifier rewards, model.
+@dataclasses.dataclass
+class TaskData:
+    """A run's task, its train and eval examples, and every example by id (what the rewards look up)."""
+
+    task: Any
+    train: list
+    evals: list
+    examples: dict
+
+
+def load_task_data(config: RunConfig) -> TaskData:
+    """The task and its examples for ``config``; a ConfigError (before any model loads) for task
+    arguments that do not fit, an empty train split, or fewer prompts than one generation batch needs."""
+    from mrtpo.tasks import get_task
+
+    run, args = config.run, config.args
+    try:
+        task = get_task(run.task, **run.task_args)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"task_args {run.task_args!r} do not fit task {run.task!r}: {exc}") from None
+    if run.model == "gym":
+        if not hasattr(task, "policy"):
+            raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none (use a gym-* task)")
+        from mrtpo.gym.policy import policy_spec
+
+        try:
+            policy_spec(task)
+        except TypeError as exc:
+            raise ConfigError(f"task_args policy {task.settings.policy!r} does not fit the gym policy: {exc}") from None
+    train = task.load("train", run.train_size)
+    if not train:
+        raise ConfigError(f"task {run.task!r} has no train examples (task_args {run.task_args!r}); nothing to train on")
+    prompts_per_step = args.generation_batch_size // args.num_generations
+    if len(train) < prompts_per_step:
+        raise ConfigError(f"task {run.task!r} gives {len(train)} train examples, fewer than the {prompts_per_step} "
+                          "prompts one generation batch needs (generation_batch_size / num_generations)")
+    evals = task.load("eval", run.eval_size) if run.eval_size else []
+    examples = {}
+    for ex in [*train, *evals]:
+        if ex.id in examples:
+            raise ConfigError(f"task {run.task!r} has two examples with id {ex.id!r}; ids must be unique")
+        examples[ex.id] = ex
+    return TaskData(task, train, evals, examples)
+
+
+def build_trainer(config: RunConfig, data: TaskData | None = None):
+    """The :class:`~mrtpo.trainer.MRTPOTrainer` for ``config``: task data (``data``, else loaded),
+    verifier rewards, model.
 
     Checks that TRL renders the first prompt exactly as the task does (the evidence replays and
     ``mrtpo eval`` use the task's rendering), and puts the reward into the progress bar.
@@ -149,33 +172,17 @@ def build_trainer(config: RunConfig):
     from mrtpo.models import load_policy
     from mrtpo.counterfactual import prompt_renderer
     from mrtpo.rewards import VerifierReward
-    from mrtpo.tasks import get_task
     from mrtpo.trainer import MRTPOTrainer
 
     run, args = config.run, config.args
-    try:
-        task = get_task(run.task, **run.task_args)
-    except TypeError as exc:
-        raise ConfigError(f"task_args {run.task_args!r} do not fit task {run.task!r}: {exc}") from None
-    train = task.load("train", run.train_size)
-    prompts_per_step = args.generation_batch_size // args.num_generations
-    if len(train) < prompts_per_step:
-        raise ConfigError(f"train_size gives {len(train)} train examples, fewer than the {prompts_per_step} prompts "
-                          "one generation batch needs (generation_batch_size / num_generations)")
-    evals = task.load("eval", run.eval_size) if run.eval_size else []
-    examples = {}
-    for ex in [*train, *evals]:
-        if ex.id in examples:
-            raise ValueError(f"task {run.task!r} has two examples with id {ex.id!r}; ids must be unique")
-        examples[ex.id] = ex
+    data = data if data is not None else load_task_data(config)
+    task, train, evals, examples = data.task, data.train, data.evals, data.examples
     rewards = [VerifierReward(v, examples) for v in task.verifiers()]
 
     def rows(exs):
         return Dataset.from_list([{"prompt": ex.messages, "example_id": ex.id} for ex in exs])
 
     if run.model == "gym":  # a gym task's warm-started tiny policy, built and cached on first use
-        if not hasattr(task, "policy"):
-            raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none (use a gym-* task)")
         model, tokenizer = task.policy(getattr(torch, _DTYPES[run.dtype]))
     else:
         from mrtpo.warm_start import load_warm_start, resolve_for_run
@@ -240,6 +247,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", nargs="?", const="", metavar="CHECKPOINT",
                    help="continue a run: a checkpoint folder, a run folder (its latest checkpoint), or nothing "
                         "(the latest checkpoint in --output-dir)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an --output-dir that holds a run: remove that run's files (config.yaml, logs, "
+                        "reports, checkpoint-N/) once the new run's settings and model have loaded")
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config key")
     return p
@@ -259,24 +269,27 @@ def _print_keys() -> None:
 
 
 def resolve_from_argv(ns: argparse.Namespace) -> tuple[RunConfig, Path | None]:
-    """The run's config and, when resuming, the checkpoint to resume from."""
+    """The run's config and, when resuming, the checkpoint to resume from: the newest complete one
+    (notes on newer ones passed over go into ``config.notes``), which must have been saved under the
+    run folder's settings except those this command sets."""
     flags = {"task": ns.task, "method": ns.method, "model": ns.model, "output_dir": ns.output_dir,
              "max_steps": ns.max_steps, "seed": ns.seed, "learning_rate": ns.learning_rate,
              "lora_r": ns.lora_r, "report_to": ns.report_to}
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(parse_overrides(ns.overrides))
-    checkpoint, base = None, None
+    checkpoint, base, notes = None, None, []
     if ns.resume is not None:
-        if ns.resume:
-            checkpoint = find_checkpoint(ns.resume)
-        else:
-            out = overrides.get("output_dir")
-            if out is None:
+        if ns.overwrite:
+            raise ConfigError("--overwrite starts a new run; it cannot be combined with --resume")
+        where = ns.resume
+        if not where:
+            where = overrides.get("output_dir")
+            if where is None:
                 for path in ns.config:
-                    out = read_yaml(path).get("output_dir", out)
-            if not out:
+                    where = read_yaml(path).get("output_dir", where)
+            if not where:
                 raise ConfigError("--resume without a path needs the run folder: give --output-dir (or --resume <folder>)")
-            checkpoint = find_checkpoint(out)
+        checkpoint, notes = find_checkpoint(where)
         run_dir = checkpoint.parent
         given = overrides.get("output_dir")
         if given is not None and Path(given).resolve() != run_dir.resolve():
@@ -287,58 +300,98 @@ def resolve_from_argv(ns: argparse.Namespace) -> tuple[RunConfig, Path | None]:
         if saved.is_file():
             base = read_yaml(saved)
             base.pop("resume_from_checkpoint", None)
-    config = load_config(ns.config, overrides, base=base, base_source=str(run_dir / CONFIG_NAME) if base else "")
+    source = str(run_dir / CONFIG_NAME) if base else ""
+    config = load_config(ns.config, overrides, base=base, base_source=source)
     if checkpoint is not None:
+        _check_same_run(checkpoint, base, {k for k, where in config.explicit.items() if where != source}, notes)
         config.args.resume_from_checkpoint = str(checkpoint)
+    config.notes.extend(notes)
     return config, checkpoint
 
 
+def _check_same_run(checkpoint: Path, folder: dict | None, given: set[str], notes: list[str]) -> None:
+    """Refuse a checkpoint saved under other settings than the run folder's ``config.yaml`` (a checkpoint
+    of another run): it would continue those weights under these settings without a word."""
+    saved = saved_config(checkpoint)
+    if saved is None or folder is None:
+        notes.append(f"note: {checkpoint.name} carries no copy of its settings (saved by an older mrtpo), or the "
+                     "folder has no config.yaml; not checked against each other")
+        return
+    differ = config_differences(saved, folder, given)
+    if differ:
+        raise ConfigError(f"{checkpoint} was saved under other settings than {checkpoint.parent / CONFIG_NAME} "
+                          f"(checkpoint vs config.yaml: {'; '.join(differ)}): it belongs to another run. Resume a "
+                          "checkpoint of this run, or set those keys on the command line to resume under them")
+
+
+def _say(main_process: bool, text: str) -> None:
+    if main_process:
+        print(text, flush=True)
+
+
+def _error(text: Any) -> int:
+    print(f"mrtpo train: error: {text}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command. Every check runs before any model loads, and nothing is written into the run
+    folder until the settings, the task data and the model have loaded: a command that fails leaves
+    an existing run's files as they were."""
     ns = _parser().parse_args(argv)
     if ns.list_keys:
         _print_keys()
         return 0
+    main_process = int(os.environ.get("RANK", "0")) == 0  # torchrun / accelerate launch: write files once
     try:
         config, checkpoint = resolve_from_argv(ns)
+        run, args = config.run, config.args
+        out = Path(args.output_dir)
+        if checkpoint is not None and (step := checkpoint_step(checkpoint)) >= args.max_steps:
+            _say(main_process, f"mrtpo train: {out} is already finished: {checkpoint.name} is at step {step} of "
+                               f"max_steps {args.max_steps}; give --max-steps N (N > {step}) to train it longer")
+            return 0
+        data = load_task_data(config)
+        if main_process:
+            if checkpoint is None:
+                check_fresh_folder(out, ns.overwrite)
+            check_writable(out)
     except ConfigError as exc:
-        print(f"mrtpo train: {exc}", file=sys.stderr)
-        return 2
-    run, args = config.run, config.args
-    out = Path(args.output_dir)
-    main_process = int(os.environ.get("RANK", "0")) == 0  # torchrun / accelerate launch: write files once
-    if main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_config(config, out / CONFIG_NAME)
+        return _error(exc)
     t0 = time.perf_counter()
     mode = f"LoRA r={run.lora_r}" if run.lora_r else "full fine-tuning"
-    if main_process:
-        print(f"mrtpo train · task {run.task} · method {args.method} · model {run.model} ({mode}) · "
-              f"{args.max_steps} steps × {args.generation_batch_size // args.num_generations} prompts × "
-              f"{args.num_generations} completions · output {out}", flush=True)
-        for note in config.notes:
-            print(note, flush=True)
+    _say(main_process, f"mrtpo train · task {run.task} · method {args.method} · model {run.model} ({mode}) · "
+                       f"{args.max_steps} steps × {args.generation_batch_size // args.num_generations} prompts × "
+                       f"{args.num_generations} completions · output {out}")
+    for note in config.notes:
+        _say(main_process, note)
     from mrtpo.models import ModelLoadError
 
     try:
-        trainer = build_trainer(config)
+        trainer = build_trainer(config, data)
     except (ConfigError, ModelLoadError) as exc:
-        print(f"mrtpo train: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
     main_process = trainer.accelerator.is_main_process
-    if checkpoint is not None and main_process:
-        step = _checkpoint_step(checkpoint)
-        _trim_credit_samples(out, step)
-        print(f"resuming from {checkpoint} (step {step})", flush=True)
-    elif main_process:
-        if any(out.glob("checkpoint-*")):
-            print(f"note: {out} holds checkpoints of an earlier run; starting over in it (use --resume to continue "
-                  "that run instead)", flush=True)
-        _trim_credit_samples(out, 0)  # a fresh run: metrics.jsonl restarts the same way (MetricsJSONL)
-    trainer.accelerator.wait_for_everyone()
     if main_process:
-        print(f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, rewards "
-              f"{', '.join(trainer.reward_func_names)}", flush=True)
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        try:
+            _open_run_folder(out, config, checkpoint, ns.overwrite)
+        except (ConfigError, OSError) as exc:
+            return _error(exc)
+    trainer.add_callback(ConfigStamp(config))
+    trainer.accelerator.wait_for_everyone()
+    _say(main_process, f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, "
+                       f"rewards {', '.join(trainer.reward_func_names)}")
+    from mrtpo.rewards import RewardValueError
+
+    try:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    except RewardValueError as exc:
+        return _error(exc)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        return _error(f"cannot write {exc.filename or out}: {exc.strerror}; the run's complete checkpoints are "
+                      f"intact: free the space (or fix the folder) and --resume {out}")
     if not main_process:
         return 0
     if run.report:
@@ -348,6 +401,29 @@ def main(argv: list[str] | None = None) -> int:
         print("report: " + ", ".join(str(p) for p in paths.values()))
     print(f"total {time.perf_counter() - t0:.0f} s · run folder {out}")
     return 0
+
+
+def _open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool) -> None:
+    """Once everything has loaded: clear the earlier run (``--overwrite``), write ``config.yaml``, and on
+    resume drop what the interrupted run logged after its checkpoint, torn last lines included."""
+    if checkpoint is None:
+        if overwrite and run_files(out):
+            print(f"--overwrite: removing the earlier run in {out}", flush=True)
+            clear_run(out)
+        write_config(config, out / CONFIG_NAME)
+        return
+    step = checkpoint_step(checkpoint)
+    print(f"resuming from {checkpoint} (step {step})", flush=True)
+    # A sample is tagged with the global step *before* its update: step s belongs to checkpoint s + 1.
+    logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step, "credit_samples.jsonl": lambda r: r.get("step", 0) < step}
+    for name, keep in logs.items():
+        try:
+            torn = trim_jsonl(out / name, keep)
+        except ValueError as exc:
+            raise ConfigError(f"{exc}; fix or remove that line to resume") from None
+        if torn:
+            print(f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)", flush=True)
+    write_config(config, out / CONFIG_NAME)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from trl import GRPOTrainer
 from mrtpo.counterfactual import counterfactual_text
 from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
 from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
-from mrtpo.rewards import declares_evidence, evidence_for
+from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer_config import (
     GLOBAL_NORMALISER_LOSSES,
@@ -165,7 +165,8 @@ class MRTPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         start = time.perf_counter()
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        with checked_reward_funcs(self):  # a value that is not a finite number or None names its function
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._timing["scoring"] += time.perf_counter() - start
         self._last_rewards = rewards.detach().float().cpu()
         return rewards

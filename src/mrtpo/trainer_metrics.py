@@ -1,5 +1,6 @@
-"""What the trainer writes down: every log line to ``metrics.jsonl``, the process's peak memory,
-and the per-reward credit metrics and token-weight samples of a generation batch.
+"""What the trainer writes down: every log line to ``metrics.jsonl`` (line-atomic appends; torn last
+lines dropped on resume), the process's peak memory, and the per-reward credit metrics and
+token-weight samples of a generation batch.
 
 Pure functions of tensors (no trainer inside); :class:`mrtpo.trainer.MRTPOTrainer` gathers the
 per-process sums they return over processes and logs them.
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +24,18 @@ from transformers import TrainerCallback
 class MetricsJSONL(TrainerCallback):
     """Writes every log line as JSON to ``<output_dir>/metrics.jsonl`` (appends across resumes).
 
-    On resume, lines logged after the checkpoint's step (by the interrupted run) are dropped, so
-    the file reads as one continuous run.
+    Each line is one ``write`` to a file opened for appending, so a crash leaves at most a torn last
+    line, which the next resume drops. Non-finite numbers (NaN, ±inf) are written as ``null``: the
+    file stays JSON. On resume, lines logged after the checkpoint's step (by the interrupted run)
+    are dropped, so the file reads as one continuous run.
     """
 
     def __init__(self, path: Path):
         self.path = Path(path)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero or not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= state.global_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        if state.is_world_process_zero:
+            trim_jsonl(self.path, lambda record: record.get("step", 0) <= state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -42,8 +43,48 @@ class MetricsJSONL(TrainerCallback):
         record = {"step": state.global_step, "epoch": state.epoch, "time": time.time()}
         record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str)) or v is None})
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as out:
-            out.write(json.dumps(record) + "\n")
+        append_jsonl(self.path, record)
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """``record`` as one line of strict JSON: NaN and ±inf become ``null``."""
+    def finite(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    return json.dumps({k: finite(v) for k, v in record.items()}, allow_nan=False) + "\n"
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one line in a single ``write`` (a crash cannot interleave half-lines)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, json_line(record).encode())
+    finally:
+        os.close(fd)
+
+
+def trim_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> bool:
+    """Keep the lines of a JSON-lines file whose record passes ``keep``; True if a torn last line (an
+    interrupted write) was dropped. The file is replaced atomically, and only when something changes.
+    A line that is not JSON anywhere but at the end is damage, not a torn write: ValueError naming it."""
+    if not path.exists():
+        return False
+    text = path.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    records, torn = [], False
+    for i, line in enumerate(lines):
+        try:
+            records.append((line, json.loads(line)))
+        except ValueError:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path} line {i + 1} is not JSON: {line[:80]!r}") from None
+            torn = True
+    kept = "".join(line + "\n" for line, record in records if keep(record))
+    if kept != text:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(kept)
+        os.replace(tmp, path)
+    return torn
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -135,5 +176,5 @@ def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[st
     return record
 
 
-__all__ = ["MetricsJSONL", "credit_metric_keys", "credit_metric_sums", "credit_sample", "peak_memory_gib",
-           "top_share_and_set"]
+__all__ = ["MetricsJSONL", "append_jsonl", "credit_metric_keys", "credit_metric_sums", "credit_sample", "json_line",
+           "peak_memory_gib", "top_share_and_set", "trim_jsonl"]

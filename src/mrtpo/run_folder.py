@@ -1,0 +1,229 @@
+"""The run folder as a transaction: which folder a fresh run may use, which checkpoint a resume may
+continue, and the settings copy each checkpoint carries.
+
+- A folder that holds another run (:data:`RUN_FILES`, ``checkpoint-N/``) is refused to a fresh run;
+  ``--overwrite`` removes that run's files, and only those (:func:`clear_run`).
+- A checkpoint is *complete* when the HF Trainer finished writing it: ``trainer_state.json`` is the
+  last file ``Trainer._save_checkpoint`` writes (after the weights, optimizer, scheduler and RNG
+  states), so a checkpoint without a readable one was cut short (``kill -9``, a full disk) and is
+  passed over. A checkpoint with one whose other files are missing or truncated was damaged later:
+  that is an error naming the file and the previous complete checkpoint (:func:`find_checkpoint`).
+- Each checkpoint gets a copy of the run's settings (:data:`STAMP_NAME`, :class:`ConfigStamp`), so a
+  resume can tell a checkpoint of another run from one of this run (:func:`config_differences`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from mrtpo.config import ConfigError, RunConfig, read_yaml, write_config
+
+#: Files a run writes into its folder (besides ``checkpoint-N/``).
+RUN_FILES = ("config.yaml", "metrics.jsonl", "credit_samples.jsonl", "report.html", "report.md", "curves.png",
+             "README.md")
+#: The copy of the run's settings inside each checkpoint.
+STAMP_NAME = "mrtpo_config.yaml"
+#: Settings a resume may change without making the checkpoint another run's.
+RESUMABLE_CHANGES = frozenset({"output_dir", "resume_from_checkpoint", "max_steps"})
+#: Model weights of a checkpoint: full (one file or shards), LoRA adapter, or old-style .bin.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+# --------------------------------------------------------------------------------------------
+# Which folder a run may use.
+# --------------------------------------------------------------------------------------------
+def run_files(folder: Path) -> list[Path]:
+    """The files and ``checkpoint-N`` folders an earlier run left in ``folder`` (sorted)."""
+    if not folder.is_dir():
+        return []
+    found = [folder / name for name in RUN_FILES if (folder / name).exists()]
+    return sorted(found + checkpoints(folder))
+
+
+def clear_run(folder: Path) -> None:
+    """Remove an earlier run's files (:func:`run_files`); anything else in the folder stays."""
+    for path in run_files(folder):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def check_fresh_folder(folder: Path, overwrite: bool) -> None:
+    """A fresh run may use ``folder`` only when it holds no run, or when told to ``overwrite`` it."""
+    used = run_files(folder)
+    if used and not overwrite:
+        names = ", ".join(p.name for p in used[:4]) + (", ..." if len(used) > 4 else "")
+        raise ConfigError(f"{folder} already holds a run ({names}): continue it with --resume {folder}, "
+                          "start over in it with --overwrite (removes that run's files), or give another --output-dir")
+
+
+def check_writable(folder: Path) -> None:
+    """Create ``folder`` if needed and write a few bytes there, so a read-only or full disk is one
+    clear error before the model loads rather than a traceback later."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".mrtpo-write-check-")
+        try:
+            os.write(fd, b"mrtpo\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"cannot write to the output folder {folder}: {exc.strerror or exc}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints.
+# --------------------------------------------------------------------------------------------
+def checkpoints(folder: Path) -> list[Path]:
+    """``checkpoint-N`` folders in ``folder``, newest (highest N) first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What is wrong with a checkpoint: ``incomplete`` (its save was cut short) or a damaged file."""
+
+    file: Path
+    why: str
+    incomplete: bool = False
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    return int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
+
+
+def checkpoint_problem(checkpoint: Path) -> Problem | None:
+    """None for a complete checkpoint; else the first problem found (see the module docstring)."""
+    state = checkpoint / "trainer_state.json"
+    try:
+        checkpoint_step(checkpoint)
+    except (OSError, ValueError, KeyError, TypeError):
+        why = "is missing" if not state.exists() else "is unreadable"
+        return Problem(state, f"{why} (it is written last, so this save was cut short)", incomplete=True)
+    names = {p.name for p in checkpoint.iterdir()}
+    if not names & set(WEIGHT_FILES):
+        return Problem(checkpoint, "holds no model weights")
+    # DeepSpeed (global_stepN/) and FSDP (optimizer_0/) keep optimizer states in their own layout.
+    if not any(n.startswith(("global_step", "optimizer_0")) for n in names):
+        for required in ("optimizer.pt", "scheduler.pt"):
+            if required not in names:
+                return Problem(checkpoint / required, "is missing")
+        if not any(n.startswith("rng_state") for n in names):
+            return Problem(checkpoint / "rng_state.pth", "is missing")
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
+        why = file_problem(path)
+        if why:
+            return Problem(path, why)
+    return None
+
+
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be loaded whole (empty, truncated, unreadable), or None. Reads only
+    headers: a safetensors file must be as long as its header says, a torch zip file must end in
+    its central directory, a JSON file must parse."""
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty"
+    try:
+        if path.suffix == ".safetensors":
+            with path.open("rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n)) if 8 + n <= size else None
+            if header is None:
+                return f"is truncated ({size} bytes, shorter than its header)"
+            expected = 8 + n + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if size < expected:
+                return f"is truncated ({size} of {expected} bytes)"
+        elif path.suffix in (".pt", ".pth", ".bin"):
+            with path.open("rb") as f:
+                zipped = f.read(4) == b"PK\x03\x04"
+            if zipped:
+                zipfile.ZipFile(path).close()
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+    except (zipfile.BadZipFile, struct.error, ValueError, KeyError, TypeError, OSError):
+        return "is truncated or corrupt"
+    return None
+
+
+def find_checkpoint(where: str | os.PathLike) -> tuple[Path, list[str]]:
+    """The checkpoint to resume from, and notes on the newer ones passed over.
+
+    ``where``: a ``checkpoint-N`` folder (it must be complete), or a run folder (its newest complete
+    checkpoint; newer ones cut short are passed over with a note). A damaged checkpoint is a
+    :class:`ConfigError` naming the file and the previous complete checkpoint.
+    """
+    path = Path(where)
+    if not path.is_dir():
+        raise ConfigError(f"cannot resume from {path}: no such folder")
+    explicit = _CHECKPOINT.match(path.name) is not None or (path / "trainer_state.json").exists()
+    candidates = [path] if explicit else checkpoints(path)
+    if not candidates:
+        raise ConfigError(f"cannot resume: {path} holds no checkpoint-N folder (checkpoints are written every "
+                          "save_steps steps and at the end)")
+    notes = []
+    for checkpoint in candidates:
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint, notes
+        if explicit or not problem.incomplete:
+            older = _previous_complete(checkpoint)
+            hint = f"the previous complete checkpoint is {older}" if older else "no earlier checkpoint is complete"
+            raise ConfigError(f"cannot resume from {checkpoint}: {problem.file} {problem.why}; {hint}")
+        notes.append(f"note: passing over {checkpoint.name}: {problem.file.name} {problem.why}")
+    raise ConfigError(f"cannot resume: no checkpoint in {path} is complete ({'; '.join(notes)})")
+
+
+def _previous_complete(checkpoint: Path) -> Path | None:
+    step = int(m.group(1)) if (m := _CHECKPOINT.match(checkpoint.name)) else None
+    older = [c for c in checkpoints(checkpoint.parent) if step is None or int(c.name.split("-")[1]) < step]
+    return next((c for c in older if checkpoint_problem(c) is None), None)
+
+
+# --------------------------------------------------------------------------------------------
+# The settings a checkpoint was saved under.
+# --------------------------------------------------------------------------------------------
+class ConfigStamp(TrainerCallback):
+    """Writes the run's settings into each checkpoint as it is saved (:data:`STAMP_NAME`)."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            write_config(self.config, Path(args.output_dir) / f"checkpoint-{state.global_step}" / STAMP_NAME)
+
+
+def saved_config(checkpoint: Path) -> dict[str, Any] | None:
+    """The settings ``checkpoint`` was saved under (None: saved without a copy, by an older mrtpo)."""
+    stamp = checkpoint / STAMP_NAME
+    return read_yaml(stamp) if stamp.is_file() else None
+
+
+def config_differences(saved: dict[str, Any], folder: dict[str, Any], given: set[str]) -> list[str]:
+    """``key: checkpoint value vs config.yaml value`` for each setting the two disagree on, leaving out
+    those a resume may change (:data:`RESUMABLE_CHANGES`) and those this command sets (``given``)."""
+    keys = sorted((set(saved) | set(folder)) - RESUMABLE_CHANGES - given)
+    return [f"{k}: {saved.get(k)!r} vs {folder.get(k)!r}" for k in keys if saved.get(k) != folder.get(k)]
+
+
+__all__ = ["RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem", "check_fresh_folder",
+           "check_writable", "checkpoint_problem", "checkpoint_step", "checkpoints", "clear_run",
+           "config_differences", "file_problem", "find_checkpoint", "run_files", "saved_config"]
