@@ -325,3 +325,117 @@ def test_concurrent_executions_are_independent(world: Path) -> None:
         results = list(pool.map(lambda q: execute(world, q, LIMITS), queries))
     assert [r.rows for r in results[:-1]] == [((n,),) for n in range(1, 41)]
     assert results[-1].error.kind is ErrorKind.TIMEOUT
+
+
+# Statements whose work happens inside single SQLite calls, where the progress handler never
+# runs: with the default limits (2 s deadline) each must fail with the given kind well within
+# 2.5 s (issue 31). Before the hard bound, the first ran 6.6-7.4 s and the quadratic ones too.
+HOSTILE_SINGLE_CALLS = [
+    # printf/format width and precision (the %.*c one loops once per unit of precision)
+    ("SELECT printf('%.*c', 1000000000, 'x')", ErrorKind.TOO_LARGE),
+    ("SELECT format('%.*c', 1000000000, 'x')", ErrorKind.TOO_LARGE),
+    ("SELECT printf('%1000000000d', 1)", ErrorKind.TOO_LARGE),
+    ("SELECT printf('%*s', 1000000000, 'x')", ErrorKind.TOO_LARGE),
+    ("SELECT printf('%.1000000000f', 1.0)", ErrorKind.TOO_LARGE),
+    ("SELECT printf(CAST('%.*c' AS BLOB), 1000000000, 'x')", ErrorKind.TOO_LARGE),
+    ("SELECT printf('%.*c', '1000000000', 'x')", ErrorKind.TOO_LARGE),
+    # builders growing one value past the length limit
+    ("WITH RECURSIVE c(x) AS (SELECT 'x' UNION ALL SELECT replace(x, 'x', 'xxxxxxxxxx') FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
+    ("SELECT length(hex(hex(hex(printf('%.*c', 50000, 'x')))))", ErrorKind.TOO_LARGE),
+    ("SELECT length(zeroblob(1000000000))", ErrorKind.FORBIDDEN),
+    ("WITH RECURSIVE c(x) AS (SELECT char(120) UNION ALL SELECT substr(x || x || x, 1) FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
+    ("WITH RECURSIVE c(x) AS (SELECT 'a' UNION ALL SELECT upper(lower(trim(x || x))) FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
+    ("WITH RECURSIVE c(x) AS (SELECT '''' UNION ALL SELECT quote(x) FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
+    ("WITH RECURSIVE c(x) AS (SELECT json_array(1) UNION ALL SELECT json_array(x, x) FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
+    ("WITH RECURSIVE c(x) AS (SELECT 'a' UNION ALL SELECT x || x FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
+    # group_concat over a cross join: the value stops growing at the limit, the join runs on
+    ("SELECT length(group_concat(a.Name || b.Name)) FROM city a, city b", ErrorKind.TIMEOUT),
+    # a quadratic call (~0.1 s) on every row, ~1000 VM steps between progress checks: only the
+    # worker kill stops these in time
+    ("WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) SELECT sum(instr(a || Name, substr(a, 1, 45000) || 'y')) FROM s, city", ErrorKind.TIMEOUT),
+    ("WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) SELECT count(*) FROM s, city WHERE replace(a || Name, substr(a, 1, 45000) || 'y', '') = ''", ErrorKind.TIMEOUT),
+    ("WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) SELECT count(*) FROM s, city WHERE a || Name GLOB '*' || printf('%.*c', 990, 'x') || 'y'", ErrorKind.TIMEOUT),
+]
+HARD_BOUND_S = 2.5
+
+
+@pytest.mark.parametrize("sql, kind", HOSTILE_SINGLE_CALLS)
+def test_single_call_builders_fail_within_the_hard_bound(world: Path, sql: str, kind: ErrorKind) -> None:
+    before = _sha(world)
+    t0 = time.monotonic()
+    r = execute(world, sql)  # the default limits: 2 s deadline
+    elapsed = time.monotonic() - t0
+    assert r.error is not None and r.error.kind is kind, r.error
+    assert r.rows == ()
+    assert elapsed < HARD_BOUND_S
+    _assert_untouched(world, before)
+
+
+def test_a_worker_that_overruns_is_killed_and_replaced(world: Path) -> None:
+    sql = HOSTILE_SINGLE_CALLS[-3][0]
+    t0 = time.monotonic()
+    r = execute(world, sql, LIMITS)
+    elapsed = time.monotonic() - t0
+    assert r.error is not None and r.error.kind is ErrorKind.TIMEOUT
+    assert "killed" in r.error.message  # the progress handler could not stop it
+    assert DEADLINE + LIMITS.kill_grace_s <= elapsed < DEADLINE + LIMITS.kill_grace_s + MARGIN
+    # the next query runs on a fresh worker and gets its rows
+    assert execute(world, "SELECT count(*) FROM city", LIMITS).rows == ((4079,),)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("%d|%5.2f|%-8s|%08.3e|%,d|%x|%q|%Q|%w", 42, 3.14159, "ab", 12345.678, 1234567, 255, "it's", None, 'a"b'),
+        ("%n%.*c", 3, "x"),  # %n takes no argument: the 3 is the precision
+        ("%%%.*c", 3, "x"),  # nor does %%
+        ("%d%.*c", 1_000_000_000, 3, "x"),  # a large value printed, not a large precision
+        ("%*d|%-*d|", 4, 7, -4, 7),
+        ("%.*c", 100_000 - 1, "x"),  # just under the length limit
+        ("%c%s", "héllo", "北京"),
+        ("%lld %!.3g %#x", 2**40, 1.0, 255),
+        (None, 1),
+    ],
+)
+def test_capped_printf_matches_sqlite_printf(world: Path, args: tuple) -> None:
+    """Formats within the cap give exactly SQLite's own printf (run on a plain connection)."""
+    plain_con = sqlite3.connect(":memory:")
+    try:
+        literals = ", ".join(plain_con.execute("SELECT quote(?)", (a,)).fetchone()[0] for a in args)
+        sql = f"SELECT printf({literals}), format({literals})"
+        plain = plain_con.execute(sql).fetchone()
+    finally:
+        plain_con.close()
+    r = execute(world, sql, LIMITS)
+    assert r.ok, r.error
+    assert r.rows == (plain,)
+
+
+def test_gold_queries_give_the_same_rows_as_plain_sqlite() -> None:
+    """All 972 Spider gold queries (train + eval) through the sandbox equal an unsandboxed run."""
+    from mrtpo.tasks.sql.loader import load_items
+
+    items = load_items("train") + load_items("eval")
+    assert len(items) == 972
+    for item in items:
+        con = sqlite3.connect(f"{item.db_path.as_uri()}?mode=ro", uri=True)
+        con.text_factory = lambda b: b.decode("utf-8", "replace")
+        try:
+            cur = con.execute(item.query)
+            expected = (tuple(d[0] for d in cur.description), tuple(cur.fetchall()))
+        finally:
+            con.close()
+        r = execute(item.db_path, item.query)
+        assert r.ok, (item.index, item.query, r.error)
+        assert (r.columns, r.rows) == expected, item.index
+
+
+def test_printf_cap_boundary() -> None:
+    """Widths and precisions up to the cap pass; one above is refused, digits or ``*`` alike."""
+    from mrtpo.tasks.sql.printf_cap import printf_overflow
+
+    cap = 100_000
+    for ok in (("%.*c", cap, "x"), (f"%{cap}d", 1), (f"%.{cap}f", 1.0), ("%*s", -cap, "x")):
+        assert printf_overflow(ok, cap) is None, ok
+    for bad in (("%.*c", cap + 1, "x"), (f"%{cap + 1}d", 1), (f"%.{cap + 1}f", 1.0), ("%*s", -cap - 1, "x")):
+        assert printf_overflow(bad, cap) is not None, bad

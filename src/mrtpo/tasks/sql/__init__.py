@@ -2,9 +2,9 @@
 
 ``get_task("sql")`` returns :class:`SqlTask`. Modules, one job each: :mod:`.loader` (find and
 validate the data, the split), :mod:`.prompt` (schema block and messages), :mod:`.sandbox` (the
-hardened read-only executor), :mod:`.sqltext` (SQL lexing), :mod:`.parse` (SQL out of a
-completion), :mod:`.compare` (result equality), :mod:`.verifiers` (the three rewards) and
-:mod:`.evaluate` (execution accuracy).
+hardened read-only executor, with :mod:`.printf_cap` and its killable :mod:`.workers`),
+:mod:`.sqltext` (SQL lexing), :mod:`.parse` (SQL out of a completion), :mod:`.compare` (result
+equality), :mod:`.verifiers` (the three rewards) and :mod:`.evaluate` (execution accuracy).
 """
 
 from __future__ import annotations

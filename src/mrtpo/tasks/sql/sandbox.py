@@ -2,8 +2,9 @@
 
 :func:`execute` runs one query against one database file and returns a :class:`QueryResult`:
 the columns and rows, or a typed :class:`SandboxError`. It never raises (an unexpected Python
-exception becomes ``ErrorKind.INTERNAL``), never writes to the database file and never runs
-past its deadline. The guarantees come in layers, so that one mistake does not open the file:
+exception becomes ``ErrorKind.INTERNAL``), never writes to the database file and never answers
+later than ``kill_grace_s`` (0.25 s) after its deadline, whatever the SQL. The guarantees come in
+layers, so that one mistake does not open the file or stall the trainer:
 
 1. **Text checks** before SQLite sees anything: the text must be valid UTF-8 without NUL bytes,
    at most ``max_sql_chars`` long, exactly one non-empty statement (SQLite-faithful lexer, so a
@@ -14,6 +15,8 @@ past its deadline. The guarantees come in layers, so that one mistake does not o
    extension loading disabled, ``SQLITE_LIMIT_ATTACHED = 0`` (no ATTACH, no ``VACUUM INTO``,
    which attaches its target internally), small limits on string length, SQL length, columns,
    expression depth, compound selects, function arguments, LIKE patterns and variables.
+   ``printf``/``format`` are replaced by :func:`~mrtpo.tasks.sql.printf_cap.capped_printf`:
+   the same output, but a width or precision above ``max_value_bytes`` is TOO_LARGE.
 3. **The authorizer**: only SELECT, READ, RECURSIVE and an allow-list of deterministic built-in
    functions are permitted. Everything else is denied: INSERT/UPDATE/DELETE, CREATE/DROP/ALTER
    (tables, temp tables, indexes, triggers, views, virtual tables), ATTACH/DETACH, every PRAGMA,
@@ -24,7 +27,16 @@ past its deadline. The guarantees come in layers, so that one mistake does not o
    them).
 4. **Bounded execution**: a progress handler aborts the statement once the wall-clock deadline
    has passed (SQLite calls it every ``progress_steps`` virtual-machine instructions), and rows
-   are fetched in batches with caps on the number of rows and on the result's size.
+   are fetched in batches with caps on the number of rows and on the result's size. Inside one
+   function call SQLite never calls the handler, so single calls are kept small:
+   ``max_value_bytes`` (100 KB) bounds every string, blob and row, and with it the builders
+   (``replace``, ``hex``, ``quote``, ``upper``, json, ``||`` in recursive CTEs,
+   ``group_concat``); the quadratic ones (``instr``, ``replace``) cost about 0.1 s at that size.
+5. **A killable process**: layers 2-4 run in a pooled worker process
+   (:mod:`~mrtpo.tasks.sql.workers`), which the caller kills ``kill_grace_s`` after the
+   deadline when it has not answered (e.g. a costly call repeated on every row, between two
+   progress checks): TIMEOUT. This is the hard bound; layers 2-4 make it rare, since a kill
+   costs a process start (about 0.1 s, overlapped with the caller's next work).
 
 ``immutable=1`` is deliberately *not* used: the SQLite docs say it disables locking and change
 detection and that setting it on a file that does change "can result in incorrect query results
@@ -35,14 +47,18 @@ points the loader at a copy of Spider that is being rebuilt.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mrtpo.tasks.sql.printf_cap import PrintfTooLarge, capped_printf
 from mrtpo.tasks.sql.sqltext import first_keyword, split_statements
+from mrtpo.tasks.sql.workers import WorkerPool
 
 
 class ErrorKind(str, enum.Enum):
@@ -77,9 +93,12 @@ class SandboxLimits:
     max_rows: int = 10_000
     max_result_bytes: int = 8 * 1024 * 1024
     max_sql_chars: int = 20_000
-    max_value_bytes: int = 1_000_000  # SQLITE_LIMIT_LENGTH: longest string or blob
+    # SQLITE_LIMIT_LENGTH (longest string, blob or row; Spider's longest row has 168 bytes) and
+    # the printf width/precision cap. Quadratic built-ins (instr, replace) cost ~this squared.
+    max_value_bytes: int = 100_000
     progress_steps: int = 1_000  # VM instructions between deadline checks
     fetch_batch: int = 256
+    kill_grace_s: float = 0.25  # the worker process is killed this long after the deadline
 
 
 DEFAULT_LIMITS = SandboxLimits()
@@ -121,6 +140,8 @@ ALLOWED_FUNCTIONS: frozenset[str] = frozenset(
     """.split()
 )
 
+_KILLED = "query ran past the deadline where SQLite could not stop it; its worker process was killed"
+_WORKERS = WorkerPool()
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
 _QUERY_KEYWORDS = frozenset({"SELECT", "WITH", "VALUES"})
 # Statement keywords of SQLite that are not queries: rejected as FORBIDDEN before SQLite sees them.
@@ -164,10 +185,12 @@ def _limits_table(limits: SandboxLimits) -> list[tuple[int, int]]:
 class _Guard:
     """Per-connection state shared by the authorizer and the progress handler."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_value_bytes: int) -> None:
         self.denied: list[str] = []
+        self.too_large: list[str] = []
         self.deadline = float("inf")
         self.timed_out = False
+        self.max_value_bytes = max_value_bytes
 
     def authorize(self, action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
         if action in _ALLOWED_ACTIONS:
@@ -178,6 +201,14 @@ class _Guard:
         detail = arg2 if action == sqlite3.SQLITE_FUNCTION else arg1
         self.denied.append(f"{what}({detail})" if detail else what)
         return sqlite3.SQLITE_DENY
+
+    def printf(self, *args: Any) -> Any:
+        """SQLite's printf/format with width and precision capped at ``max_value_bytes``."""
+        try:
+            return capped_printf(self.max_value_bytes, *args)
+        except PrintfTooLarge as exc:
+            self.too_large.append(str(exc))
+            raise
 
     def progress(self) -> int:
         if time.monotonic() > self.deadline:
@@ -213,7 +244,9 @@ def open_readonly(
         con.execute("PRAGMA trusted_schema = 0")
         for limit_id, value in _limits_table(limits):
             con.setlimit(limit_id, value)
-        guard = _Guard()
+        guard = _Guard(limits.max_value_bytes)
+        for name in ("printf", "format"):
+            con.create_function(name, -1, guard.printf, deterministic=True)
         con.set_authorizer(guard.authorize)
         con.set_progress_handler(guard.progress, max(1, limits.progress_steps))
     except BaseException:
@@ -235,6 +268,8 @@ def _classify(exc: sqlite3.Error, guard: _Guard) -> SandboxError:
     low = msg.lower()
     if guard.timed_out or low == "interrupted":
         return SandboxError(ErrorKind.TIMEOUT, "query ran past the deadline and was interrupted")
+    if guard.too_large:
+        return SandboxError(ErrorKind.TOO_LARGE, "; ".join(dict.fromkeys(guard.too_large)))
     if guard.denied or "not authorized" in low or "prohibited" in low:
         what = ", ".join(dict.fromkeys(guard.denied)) or msg
         return SandboxError(ErrorKind.FORBIDDEN, f"read-only sandbox denied: {what}")
@@ -292,22 +327,45 @@ def _check_text(sql: Any, limits: SandboxLimits) -> tuple[str | None, SandboxErr
     return stmt, None
 
 
+def _internal(exc: Exception, t0: float) -> QueryResult:
+    """A sandbox bug as a typed result: it must not reach the trainer."""
+    return QueryResult(
+        error=SandboxError(ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}"),
+        elapsed_s=time.monotonic() - t0,
+    )
+
+
 def execute(db_path: str | Path, sql: Any, limits: SandboxLimits = DEFAULT_LIMITS) -> QueryResult:
-    """Run one read-only query on ``db_path`` within ``limits``. Never raises."""
+    """Run one read-only query on ``db_path`` within ``limits``. Never raises.
+
+    Layer 1 runs here; layers 2-4 run in a pooled worker process (:func:`run_statement`), which
+    is killed when no answer has come ``kill_grace_s`` after the deadline.
+    """
     t0 = time.monotonic()
     try:
-        return _execute(db_path, sql, limits, t0)
-    except Exception as exc:  # a sandbox bug must not reach the trainer
-        return QueryResult(
-            error=SandboxError(ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}"),
-            elapsed_s=time.monotonic() - t0,
-        )
+        stmt, err = _check_text(sql, limits)
+        if err is not None:
+            return QueryResult(error=err, elapsed_s=time.monotonic() - t0)
+        args = (os.path.abspath(db_path), stmt, limits)
+        result = _WORKERS.call(args, t0 + limits.timeout_s, limits.kill_grace_s)
+        if result is None:
+            result = QueryResult(error=SandboxError(ErrorKind.TIMEOUT, _KILLED))
+        return dataclasses.replace(result, elapsed_s=time.monotonic() - t0)
+    except Exception as exc:
+        return _internal(exc, t0)
 
 
-def _execute(db_path: str | Path, sql: Any, limits: SandboxLimits, t0: float) -> QueryResult:
-    stmt, err = _check_text(sql, limits)
-    if err is not None:
-        return QueryResult(error=err, elapsed_s=time.monotonic() - t0)
+def run_statement(db_path: str, stmt: str, limits: SandboxLimits, timeout_s: float) -> QueryResult:
+    """Layers 2-4 in this process: run ``stmt`` (already through layer 1) for at most about
+    ``timeout_s`` seconds, as far as the progress handler can tell. Never raises."""
+    t0 = time.monotonic()
+    try:
+        return _run(db_path, stmt, limits, t0, timeout_s)
+    except Exception as exc:
+        return _internal(exc, t0)
+
+
+def _run(db_path: str, stmt: str, limits: SandboxLimits, t0: float, timeout_s: float) -> QueryResult:
     try:
         con, guard = open_readonly(db_path, limits)
     except (OSError, sqlite3.Error) as exc:
@@ -316,7 +374,7 @@ def _execute(db_path: str | Path, sql: Any, limits: SandboxLimits, t0: float) ->
             elapsed_s=time.monotonic() - t0,
         )
     try:
-        guard.deadline = t0 + limits.timeout_s
+        guard.deadline = t0 + timeout_s
         rows: list[tuple[Any, ...]] = []
         nbytes = 0
         try:
@@ -369,4 +427,5 @@ __all__ = [
     "SandboxLimits",
     "execute",
     "open_readonly",
+    "run_statement",
 ]
