@@ -47,6 +47,7 @@ from trl import GRPOTrainer
 
 from mrtpo.counterfactual import counterfactual_text
 from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
+from mrtpo.fast_decode import fast_sampling
 from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
 from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
@@ -160,7 +161,9 @@ class MRTPOTrainer(GRPOTrainer):
                   and not self.use_transformers_continuous_batching and images is None and not multimodal_fields)
         if not shares:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-        with shared_prefill(self.accelerator.unwrap_model(self.model_wrapped)):
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        fast = self.args.fast_generation and not (self._dist.is_zero3 or self._dist.is_fsdp)  # full weights only
+        with fast_sampling(model) if fast else shared_prefill(model):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

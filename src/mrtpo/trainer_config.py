@@ -56,6 +56,9 @@ class MRTPOConfig(GRPOConfig):
     credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
     shared_prompt_generation: bool = field(default=True, metadata={"help": (
         "prefill each distinct prompt once before sampling its group (transformers generation, text only)")})
+    fast_generation: bool = field(default=True, metadata={"help": (
+        "sample with mrtpo.fast_decode's KV-cache loop instead of transformers' generate for Qwen2 / Llama "
+        "models under plain temperature sampling (same distribution, another random stream)")})
     shared_prompt_update: bool = field(default=True, metadata={"help": (
         "run each distinct prompt once in the update's forward and the completions on its KV cache "
         "(same loss and gradient; not under activation checkpointing, which drops the cache)")})

@@ -1,0 +1,148 @@
+"""mrtpo.fast_decode: the decode loop reproduces the model's own forward, token by token, and draws
+from the distribution ``generate`` samples from."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from mrtpo.fast_decode import draw, fast_sampling_supported, sample
+from mrtpo.testing import tiny_policy
+
+
+def _config(**kw):
+    base = dict(do_sample=True, max_new_tokens=12, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=[2],
+                pad_token_id=0)
+    return GenerationConfig(**{**base, **kw})
+
+
+def _left_padded_prompts(tok, texts, repeats):
+    enc = tok([t for t in texts for _ in range(repeats)], return_tensors="pt", padding=True, padding_side="left",
+              add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def _reference_logits(model, ids, prompt_mask, new):
+    """Logits ``(B, T, V)`` of the model's own full forward over ``[prompt, new tokens]``, at the
+    positions that predicted each new token (positions counted from the first real prompt token)."""
+    width = prompt_mask.shape[1]
+    mask = torch.cat([prompt_mask, torch.ones_like(new)], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()
+    return logits[:, width - 1:width - 1 + new.shape[1]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_each_step_logits_equal_the_models_full_forward(temperature):
+    model, tok = tiny_policy(seed=3, num_layers=2)
+    ids, mask = _left_padded_prompts(tok, ["hello there", "a much longer prompt than the first"], repeats=3)
+    torch.manual_seed(0)
+    out, seen = sample(model, ids, mask, _config(temperature=temperature, eos_token_id=[]), return_logits=True)
+    new = out[:, ids.shape[1]:]
+    assert new.shape == (6, 12)  # no EOS: every step runs
+    reference = _reference_logits(model, out, mask, new)
+    torch.testing.assert_close(seen, reference, atol=2e-5, rtol=1e-4)
+
+
+def test_lora_adapter_applies_in_the_decode_step():
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = tiny_policy(seed=4)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                  init_lora_weights=False))
+    peft_model.eval()
+    ids, mask = _left_padded_prompts(tok, ["adapter test"], repeats=2)
+    torch.manual_seed(1)
+    out, seen = sample(peft_model, ids, mask, _config(max_new_tokens=6, eos_token_id=[]), return_logits=True)
+    reference = _reference_logits(peft_model, out, mask, out[:, ids.shape[1]:])
+    torch.testing.assert_close(seen, reference, atol=2e-5, rtol=1e-4)
+    with peft_model.disable_adapter():
+        base_logits = _reference_logits(peft_model, out, mask, out[:, ids.shape[1]:])
+    assert (seen - base_logits).abs().max() > 1e-3  # the adapter changed the logits the tokens came from
+
+
+def test_rows_end_at_eos_and_are_padded_like_generate():
+    model, tok = tiny_policy(seed=5)
+    ids, mask = _left_padded_prompts(tok, ["stop early", "and another prompt"], repeats=4)
+    torch.manual_seed(2)
+    free = sample(model, ids, mask, _config(max_new_tokens=20, eos_token_id=[]))[:, ids.shape[1]:]
+    eos = int(free[0, 3])  # a token row 0 drew at step 3: with it as EOS, row 0 ends there
+    torch.manual_seed(2)  # same random stream: every row draws the same tokens until it ends
+    new = sample(model, ids, mask, _config(max_new_tokens=20, eos_token_id=[eos], pad_token_id=0))[:, ids.shape[1]:]
+    ends = []
+    for row, reference in zip(new.tolist(), free.tolist()):
+        end = reference.index(eos) if eos in reference else len(reference)
+        ends.append(end)
+        assert row[:end + 1] == reference[:end + 1][:len(row)]
+        assert all(t == 0 for t in row[end + 1:])  # padded after its EOS
+    assert ends[0] <= 3
+    assert new.shape[1] == min(20, max(ends) + 1)  # stops at the step the last row ended
+
+
+def test_draw_is_the_inverse_cdf():
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.5, 0.0, 0.5]])
+    # cumulative: [0.1, 0.3, 0.6, 1.0] and [0, 0.5, 0.5, 1.0]
+    assert draw(probs, torch.tensor([0.05, 0.0])).tolist() == [0, 1]
+    assert draw(probs, torch.tensor([0.35, 0.49])).tolist() == [2, 1]
+    assert draw(probs, torch.tensor([0.99, 0.5])).tolist() == [3, 3]
+    unnormalised = probs * 3  # the row total scales the uniform
+    assert draw(unnormalised, torch.tensor([0.35, 0.49])).tolist() == [2, 1]
+
+
+def test_draw_frequencies_match_the_probabilities():
+    probs = torch.tensor([0.05, 0.15, 0.5, 0.3]).expand(200_000, 4)
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.bincount(draw(probs, torch.rand(200_000, generator=gen)), minlength=4).double() / 200_000
+    torch.testing.assert_close(counts, probs[0].double(), atol=4e-3, rtol=0)
+
+
+def test_supported_only_for_plain_temperature_sampling():
+    model, _ = tiny_policy()
+    assert fast_sampling_supported(model, _config())
+    assert fast_sampling_supported(model, _config(temperature=0.5))
+    assert not fast_sampling_supported(model, _config(top_k=50))
+    assert not fast_sampling_supported(model, _config(top_p=0.9))
+    assert not fast_sampling_supported(model, _config(repetition_penalty=1.1))
+    assert not fast_sampling_supported(model, _config(do_sample=False))
+    model.train()
+    assert fast_sampling_supported(model, _config())  # no dropout in this model: train mode changes nothing
+    model.config.attention_dropout = 0.1
+    assert not fast_sampling_supported(model, _config())  # the decode step has no attention dropout
+
+
+def test_trainer_samples_through_the_decode_loop(tmp_path):
+    """A trainer step with ``fast_generation`` (the default) makes one model forward for sampling,
+    the prefill of the 2 distinct prompts of its 6-row batch, and no per-token forward; with it off,
+    ``generate`` runs one forward per new token."""
+    from test_trainer import char_code, has_letter_e, make_trainer
+
+    def sampling_forwards(**settings):
+        trainer = make_trainer(tmp_path, [has_letter_e, char_code], max_steps=1, num_generations=3,
+                               per_device_train_batch_size=6, method="gdpo", shared_prompt_update=False, **settings)
+        shapes, generating = [], []
+        inner = trainer._generate_single_turn
+
+        def recording(*args, **kwargs):
+            generating.append(True)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                generating.clear()
+
+        trainer._generate_single_turn = recording
+
+        def record(module, args, kwargs):
+            if generating:
+                shapes.append(tuple(kwargs["input_ids"].shape))
+
+        trainer.model.register_forward_pre_hook(record, with_kwargs=True)
+        trainer.train()
+        assert "generate" not in vars(trainer.model)  # the instance is left as it was
+        return shapes
+
+    fast = sampling_forwards()
+    assert len(fast) == 1 and fast[0][0] == 2
+    slow = sampling_forwards(fast_generation=False)
+    assert slow[0][0] == 2 and len(slow) > 2 and all(shape == (6, 1) for shape in slow[1:])
