@@ -6,7 +6,7 @@ setup:
 	bash scripts/setup.sh
 
 run: setup
-	$(VENV)/bin/mrtpo train --config configs/cpu-demo.yaml
+	$(VENV)/bin/mrtpo train --config configs/cpu-demo.yaml --overwrite
 
 demo: setup
 	$(VENV)/bin/mrtpo demo

@@ -35,15 +35,19 @@ def _usage() -> str:
 
 def import_plugins() -> None:
     """Import the modules named in ``MRTPO_PLUGINS`` (comma-separated), e.g. ones that register a
-    credit method or a task, so every command (and every ``bench learn --jobs`` worker) knows them."""
+    credit method or a task, so every command (and every ``bench learn --jobs`` worker) knows them.
+    A module that cannot be found or raises while importing is one line naming it, not a traceback."""
     import os
 
     for name in filter(None, (n.strip() for n in os.environ.get("MRTPO_PLUGINS", "").split(","))):
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise SystemExit(f"mrtpo: MRTPO_PLUGINS names {name!r}, which does not import ({exc}); "
+            raise SystemExit(f"mrtpo: error: MRTPO_PLUGINS names {name!r}, which does not import ({exc}); "
                              "put its folder on PYTHONPATH or fix the name") from None
+        except Exception as exc:  # noqa: BLE001 -- a plugin may raise anything; say which one
+            raise SystemExit(f"mrtpo: error: MRTPO_PLUGINS module {name!r} raised {type(exc).__name__} while "
+                             f"importing: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
