@@ -5,14 +5,25 @@ import math
 import pytest
 import torch
 
-from mrtpo.trainer_metrics import credit_metric_keys, credit_metric_sums, credit_sample, top_share_and_set
+from mrtpo.trainer_metrics import credit_metric_keys, credit_metric_sums, credit_sample
 
 
-def test_top_share_and_set_on_a_peaked_and_a_uniform_response():
-    share, top = top_share_and_set(torch.tensor([0.0, 0, 0, 0, 0, 0, 0, 0, 0, 10.0]), 10)
-    assert share == 1.0 and top == {9}
-    share, top = top_share_and_set(torch.ones(20), 20)  # top 10 % of 20 tokens: 2 tokens of 20
-    assert share == pytest.approx(0.1) and len(top) == 2
+def test_top_share_on_a_peaked_and_a_uniform_response():
+    peaked = torch.zeros(1, 1, 10)
+    peaked[0, 0, 9] = 10.0
+    share = credit_metric_sums(peaked, [10], ["a"])[0]
+    assert share.tolist() == [1.0, 1.0]
+    share = credit_metric_sums(torch.ones(1, 1, 20), [20], ["a"])[0]  # top 10 % of 20 tokens: 2 of 20
+    assert share[0] == pytest.approx(0.1) and share[1] == 1
+
+
+def top_share_and_set(weights, length):
+    """Share of a response's total weight on its top 10 % of tokens, and those positions (reference)."""
+    top = max(1, math.ceil(0.1 * length))
+    w = weights[:length]
+    idx = torch.topk(w, top).indices
+    total = float(w.sum())
+    return (float(w[idx].sum()) / total if total > 0 else 0.0), set(idx.tolist())
 
 
 def test_credit_metric_sums_by_hand():
@@ -53,3 +64,55 @@ def test_credit_sample_writes_nan_rewards_as_null():
     assert "relevance" not in credit_sample(step=0, example_id="x", method="gdpo", names=["a"], rewards=[0.0],
                                             token_ids=[1], tokens=["t"], weights=torch.ones(1, 1),
                                             advantage=torch.zeros(1))
+
+
+def _loop_reference(weights, lengths, names, skipped, relevance, has_evidence):
+    """The metrics one completion and reward at a time, straight from their definitions."""
+    sums = {key: [0.0, 0] for key in credit_metric_keys(names)}
+    for j, n in enumerate(lengths):
+        if n == 0:
+            continue
+        tops = []
+        for i, name in enumerate(names):
+            if skipped[j, i]:
+                tops.append(None)
+                continue
+            w = weights[j, i, :n].double()
+            share, top = top_share_and_set(w, n)
+            tops.append(top)
+            p = w / w.sum()
+            entropy = float(-(p * p.clamp_min(1e-12).log()).sum()) / math.log(n) if n > 1 else 1.0
+            for key, value in ((f"credit/{name}/top10_share", share), (f"credit/{name}/weight_entropy", entropy)):
+                sums[key][0] += value
+                sums[key][1] += 1
+            if has_evidence[j, i]:
+                sums[f"credit/{name}/relevance_mean"][0] += float(relevance[j, i, :n].double().mean())
+                sums[f"credit/{name}/relevance_mean"][1] += 1
+        for a in range(len(names)):
+            for c in range(a + 1, len(names)):
+                if tops[a] is not None and tops[c] is not None:
+                    key = f"credit/top10_overlap/{names[a]}~{names[c]}"
+                    sums[key][0] += len(tops[a] & tops[c]) / len(tops[a] | tops[c])
+                    sums[key][1] += 1
+    return sums
+
+
+def test_credit_metric_sums_equal_the_per_completion_definitions_on_random_batches():
+    """Continuous random weights (no ties), random lengths (some 0, 1) and skips: the batched sums
+    equal the metrics computed one completion and reward at a time."""
+    gen = torch.Generator().manual_seed(0)
+    names = ["a", "b", "c"]
+    for _ in range(5):
+        b, t = 9, 23
+        weights = torch.rand(b, 3, t, generator=gen) * 3
+        relevance = torch.rand(b, 3, t, generator=gen)
+        lengths = torch.randint(0, t + 1, (b,), generator=gen).tolist()
+        lengths[0], lengths[1] = 0, 1
+        skipped = torch.rand(b, 3, generator=gen) < 0.3
+        has_evidence = torch.rand(b, 3, generator=gen) < 0.7
+        sums = credit_metric_sums(weights, lengths, names, skipped=skipped, relevance=relevance,
+                                  has_evidence=has_evidence)
+        expected = _loop_reference(weights, lengths, names, skipped, relevance, has_evidence)
+        for key, (total, count) in zip(credit_metric_keys(names), sums.tolist()):
+            assert count == expected[key][1], key
+            assert total == pytest.approx(expected[key][0], rel=1e-9, abs=1e-12), key

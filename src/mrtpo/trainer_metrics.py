@@ -97,15 +97,6 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def top_share_and_set(weights: Tensor, length: int) -> tuple[float, set[int]]:
-    """Share of a response's total weight on its top 10 % of tokens, and those token positions."""
-    top = max(1, math.ceil(0.1 * length))
-    w = weights[:length]
-    idx = torch.topk(w, top).indices
-    total = float(w.sum())
-    return (float(w[idx].sum()) / total if total > 0 else 0.0), set(idx.tolist())
-
-
 def credit_metric_keys(names: Sequence[str]) -> list[str]:
     """The credit metric keys for rewards ``names``, in the order :func:`credit_metric_sums` fills them."""
     keys = [f"credit/{n}/{m}" for n in names for m in ("top10_share", "weight_entropy", "relevance_mean")]
@@ -129,32 +120,40 @@ def credit_metric_sums(weights: Tensor, lengths: Sequence[int], names: Sequence[
     keys = credit_metric_keys(names)
     index = {key: i for i, key in enumerate(keys)}
     sums = torch.zeros(len(keys), 2, dtype=torch.float64)
+    b, k, t = weights.shape
+    n = torch.as_tensor(list(lengths), dtype=torch.long)
+    valid = torch.arange(t) < n.view(-1, 1, 1)  # (B, 1, T)
+    counted = (n > 0).view(-1, 1).expand(b, k)  # (B, K) pairs that contribute
+    if skipped is not None:
+        counted = counted & ~skipped.bool()
+    w = weights.detach().double().masked_fill(~valid, 0.0)
+    total = w.sum(-1)  # (B, K)
+    # top 10 % of each response's tokens (at least one), ties broken by position as a stable sort does
+    top = torch.ceil(0.1 * n.double()).clamp_min(1).long().view(-1, 1, 1)  # (B, 1, 1)
+    order = torch.sort(w.masked_fill(~valid, -math.inf), dim=-1, descending=True, stable=True).indices
+    in_top = torch.zeros(b, k, t, dtype=torch.bool).scatter(-1, order, (torch.arange(t) < top).expand(b, k, t))
+    share = torch.where(total > 0, (w * in_top).sum(-1) / total.clamp_min(1e-300), 0.0)
+    uniform = valid.double() / n.clamp_min(1).view(-1, 1, 1)
+    p = torch.where((total > 0).unsqueeze(-1), w / total.clamp_min(1e-300).unsqueeze(-1), uniform)
+    entropy = -(p * p.clamp_min(1e-12).log()).masked_fill(~valid, 0.0).sum(-1)
+    entropy = torch.where(n.view(-1, 1) > 1, entropy / n.double().clamp_min(2).log().view(-1, 1), 1.0)
 
-    def add(key: str, value: float) -> None:
-        sums[index[key], 0] += value
-        sums[index[key], 1] += 1
+    def add(key: str, values: Tensor, where: Tensor) -> None:
+        sums[index[key], 0] += values[where].sum()
+        sums[index[key], 1] += where.sum()
 
-    for j, n in enumerate(lengths):
-        if n == 0:
-            continue
-        tops: list[set[int] | None] = []
-        for i, name in enumerate(names):
-            if skipped is not None and skipped[j, i]:
-                tops.append(None)
-                continue
-            w = weights[j, i, :n]
-            share, top = top_share_and_set(w, n)
-            tops.append(top)
-            add(f"credit/{name}/top10_share", share)
-            p = w / w.sum() if w.sum() > 0 else torch.full_like(w, 1.0 / n)
-            add(f"credit/{name}/weight_entropy",
-                float(-(p * p.clamp_min(1e-12).log()).sum()) / math.log(n) if n > 1 else 1.0)
-            if relevance is not None and has_evidence is not None and has_evidence[j, i]:
-                add(f"credit/{name}/relevance_mean", float(relevance[j, i, :n].mean()))
-        for a in range(len(names)):
-            for c in range(a + 1, len(names)):
-                if tops[a] is not None and tops[c] is not None:
-                    add(f"credit/top10_overlap/{names[a]}~{names[c]}", len(tops[a] & tops[c]) / len(tops[a] | tops[c]))
+    for i, name in enumerate(names):
+        add(f"credit/{name}/top10_share", share[:, i], counted[:, i])
+        add(f"credit/{name}/weight_entropy", entropy[:, i], counted[:, i])
+        if relevance is not None and has_evidence is not None:
+            mean = relevance[:, i].detach().double().masked_fill(~valid[:, 0], 0.0).sum(-1) / n.clamp_min(1)
+            add(f"credit/{name}/relevance_mean", mean, counted[:, i] & has_evidence[:, i].bool())
+    for a in range(k):
+        for c in range(a + 1, k):
+            both = counted[:, a] & counted[:, c]
+            inter = (in_top[:, a] & in_top[:, c]).sum(-1).double()
+            union = (in_top[:, a] | in_top[:, c]).sum(-1).double()
+            add(f"credit/top10_overlap/{names[a]}~{names[c]}", inter / union.clamp_min(1), both)
     return sums
 
 
@@ -177,4 +176,4 @@ def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[st
 
 
 __all__ = ["MetricsJSONL", "append_jsonl", "credit_metric_keys", "credit_metric_sums", "credit_sample", "json_line",
-           "peak_memory_gib", "top_share_and_set", "trim_jsonl"]
+           "peak_memory_gib", "trim_jsonl"]
