@@ -47,6 +47,40 @@ def test_bad_values_fail_with_clear_messages(override, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("override, message", [
+    ({"per_device_train_batch_size": 3}, "per_device_train_batch_size x gradient_accumulation_steps x processes "
+                                         "(3 x 1 x 2) must be divisible by num_generations (4)"),
+    ({"per_device_train_batch_size": 3, "gradient_accumulation_steps": 3}, "(3 x 3 x 2)"),
+    ({"per_device_train_batch_size": 1, "steps_per_generation": 3}, "per_device_train_batch_size x "
+                                                                    "steps_per_generation x processes (1 x 3 x 2)"),
+])
+def test_whole_prompt_groups_count_every_process(monkeypatch, override, message):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it in each of 2 processes
+    with pytest.raises(ConfigError) as err:
+        load_config([], override)
+    assert message in str(err.value)
+
+
+def test_write_config_replaces_the_file_whole_or_not_at_all(tmp_path, monkeypatch):
+    import mrtpo.config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("old")
+    config = load_config([], {"max_steps": 3})
+
+    def crash(src, dst):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:  # a failure before the rename leaves the old file as it was
+        m.setattr(mrtpo.config.os, "replace", crash)
+        with pytest.raises(OSError):
+            write_config(config, path)
+    assert path.read_text() == "old"
+    write_config(config, path)
+    assert yaml.safe_load(path.read_text())["max_steps"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]  # the temporary file was renamed
+
+
 def test_report_to_needs_the_package():
     import importlib.util
 

@@ -174,6 +174,32 @@ def test_reward_values_must_be_finite_numbers_or_none():
         assert message in str(err.value)
 
 
+def test_checked_reward_funcs_check_sync_and_async_functions_and_restore_them():
+    import asyncio
+    from types import SimpleNamespace
+
+    from trl.trainer.utils import is_async_callable
+
+    from mrtpo.rewards import checked_reward_funcs
+
+    def sync(completions, **kwargs):
+        return [1.0, "no"]
+
+    async def later(completions, **kwargs):
+        return [float("-inf"), 0.0]
+
+    scorer = torch.nn.Linear(1, 1)  # a reward model: TRL takes its logits as they are
+    trainer = SimpleNamespace(reward_funcs=[sync, later, scorer], reward_func_names=["s", "a", "m"])
+    with checked_reward_funcs(trainer):
+        checked_sync, checked_async, model = trainer.reward_funcs
+        assert model is scorer and is_async_callable(checked_async) and not is_async_callable(checked_sync)
+        with pytest.raises(RewardValueError, match=r"'s' returned 'no' \(a str\) for row 1 \(example_id 'y'\)"):
+            checked_sync(completions=["p", "q"], example_id=["x", "y"])
+        with pytest.raises(RewardValueError, match=r"'a' returned -inf \(infinite\) for row 0"):
+            asyncio.run(checked_async(completions=["p", "q"]))
+    assert trainer.reward_funcs == [sync, later, scorer]
+
+
 class BadReward:
     """A gym reward that returns ``value`` for the second completion of every batch."""
 
