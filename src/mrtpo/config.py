@@ -332,7 +332,12 @@ def _check_report_to(value: Any) -> None:
             continue
         pkg = packages.get(name)
         if pkg is None:
-            continue  # another transformers integration: transformers checks it
+            from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+            if name not in INTEGRATION_TO_CALLBACK:
+                raise ConfigError(f"report_to={name!r} is not a logging integration; choose none, all or any of "
+                                  f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}")
+            continue  # another transformers integration: transformers checks its package
         if name == "tensorboard":
             ok = importlib.util.find_spec("tensorboard") is not None or importlib.util.find_spec("tensorboardX") is not None
         else:
@@ -415,6 +420,9 @@ def load_config(
     elif "steps_per_generation" not in explicit:
         trainer_kwargs.pop("generation_batch_size", None)
     _validate_trainer(trainer_kwargs)
+    if str(trainer_kwargs.get("eval_strategy", "no")) not in ("no", "IntervalStrategy.NO") and not run.eval_size:
+        raise ConfigError(f"eval_strategy={trainer_kwargs['eval_strategy']!r} needs held-out prompts: set eval_size "
+                          "(e.g. eval_size=16), or eval_strategy=no")
     try:
         args = MRTPOConfig(**trainer_kwargs)
     except (ValueError, TypeError) as exc:
@@ -443,13 +451,22 @@ def _validate_run(run: RunSettings) -> None:
         raise ConfigError(f"lora_dropout must be in [0, 1), got {run.lora_dropout}")
     if not run.lora_learning_rate > 0:
         raise ConfigError(f"lora_learning_rate must be > 0, got {run.lora_learning_rate}")
+    if run.lora_alpha is not None and not run.lora_alpha > 0:
+        raise ConfigError(f"lora_alpha must be > 0 or null (2 x lora_r), got {run.lora_alpha}")
+    modules = run.lora_target_modules
+    if not (isinstance(modules, str) or isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
+        raise ConfigError(f"lora_target_modules must be all-linear or a list of module names, got {modules!r}")
 
 
-#: Trainer settings that must be > 0 (a zero learning rate trains nothing, silently) and >= a minimum.
-_POSITIVE = ("learning_rate", "temperature")
+#: Trainer settings that must be > 0 (a zero learning rate trains nothing, silently; ``save_steps`` and
+#: ``logging_steps`` below 1 are a share of max_steps) or >= a minimum (when set).
+_POSITIVE = ("learning_rate", "temperature", "epsilon", "repetition_penalty", "save_steps", "logging_steps")
 _AT_LEAST = {"max_steps": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
              "max_completion_length": 1, "num_generations": 2, "num_iterations": 1, "generation_batch_size": 1,
-             "steps_per_generation": 1}
+             "steps_per_generation": 1, "per_device_eval_batch_size": 1, "num_generations_eval": 1, "top_k": 0,
+             "beta": 0, "weight_decay": 0}
+#: TRL 1.16's loss types (the trainer refuses the sequence-level ones with its own reason).
+_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "vespo", "luspo")
 
 
 def _validate_trainer(kwargs: dict[str, Any]) -> None:
@@ -463,15 +480,17 @@ def _validate_trainer(kwargs: dict[str, Any]) -> None:
 
     for key in _POSITIVE:
         v = value(key)
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise ConfigError(f"{key} must be > 0, got {v}")
     for key, least in _AT_LEAST.items():
         v = value(key)
         if v is not None and v < least:
             hint = " (GRPO compares the completions of a prompt)" if key == "num_generations" else ""
             raise ConfigError(f"{key} must be >= {least}{hint}, got {v}")
-    if not 0 < value("top_p") <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {value('top_p')}")
+    if not 0 < value("top_p") <= 1 or not 0 <= (value("min_p") or 0) <= 1:
+        raise ConfigError(f"top_p must be in (0, 1] and min_p in [0, 1], got {value('top_p')} and {value('min_p')}")
+    if value("loss_type") not in _LOSS_TYPES:
+        raise ConfigError(f"unknown loss_type {value('loss_type')!r}; choose one of {', '.join(_LOSS_TYPES[:6])}")
     if kwargs.get("generation_batch_size") is None:  # else TRL checks it against num_generations itself
         steps = "steps_per_generation" if kwargs.get("steps_per_generation") else "gradient_accumulation_steps"
         size, per_step, processes = value("per_device_train_batch_size"), value(steps), int(os.environ.get("WORLD_SIZE", "1"))
