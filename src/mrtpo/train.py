@@ -13,7 +13,10 @@ The run folder (``--output-dir``, default ``runs/<task>-<method>-<time>``) holds
 ``config.yaml`` (every setting used, loadable with ``--config``), ``metrics.jsonl`` (one line per
 logged step), ``credit_samples.jsonl`` (token weights of a few completions per step),
 ``checkpoint-N/`` folders (HF Trainer checkpoints, resumable) and, at the end, ``report.html`` /
-``report.md`` / ``curves.png`` (:func:`mrtpo.report.make_report`).
+``report.md`` / ``curves.png`` (:func:`mrtpo.report.make_report`). A folder holds one run
+(:mod:`mrtpo.run_folder`): a fresh run refuses a used folder unless ``--overwrite``, nothing is
+written there until the settings, the task data and the model have loaded, and ``--resume`` takes
+the newest complete checkpoint of that same run.
 """
 
 from __future__ import annotations
