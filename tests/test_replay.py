@@ -458,7 +458,9 @@ def test_bf16_trainer_replays_on_bf16_logits_with_the_same_maps(tmp_path, monkey
     monkeypatch.setattr(replay_module, "pass_context_logits", recording)
     for name, context in (("native", trainer_module.autocast_outputs), ("upcast", lambda _m: contextlib.nullcontext())):
         monkeypatch.setattr(trainer_module, "autocast_outputs", context)
-        trainer = make_trainer(tmp_path / name, [has_letter_e, char_code, plain_length], max_steps=1, bf16=True)
+        # every group replayed, whatever the sampled rewards' spread
+        trainer = make_trainer(tmp_path / name, [has_letter_e, char_code, plain_length], max_steps=1, bf16=True,
+                               skip_zero_advantage=False)
         original_replay = trainer._replay_eval_mode
 
         def keep(*args, _original=original_replay, _name=name, **kwargs):

@@ -307,9 +307,9 @@ def plan_passes(sizes: Sequence[int], micro_batch: int | None = None,
 
 
 def replay_forward_calls(group_contexts: Sequence[Sequence[Sequence[int]]], sizes: Sequence[int],
-                         micro_batch: int | None = None, groups_per_pass: int | None = 1) -> int:
+                         micro_batch: int | None = None, groups_per_pass: int | None = 1, packed: bool = False) -> int:
     """Forward calls :func:`batch_relevance` makes for these groups (contexts, completion counts)."""
-    return sum(pass_forward_calls([group_contexts[group] for group, _ in members])
+    return sum(1 if packed else pass_forward_calls([group_contexts[group] for group, _ in members])
                for members in plan_passes(sizes, micro_batch, groups_per_pass))
 
 
@@ -347,6 +347,7 @@ def batch_relevance(
     groups_per_pass: int | None = 1,
     counter: ForwardCounter | None = None,
     on_device: bool = False,
+    packed: bool = False,
 ) -> list[GroupRelevance]:
     """Relevance of each group's counterfactuals ``contexts[1:]`` against its original ``contexts[0]``.
 
@@ -358,7 +359,8 @@ def batch_relevance(
     share a pass. The logits held at a time scale with a pass's rows: 2 (bf16) or 4 (fp32) bytes ×
     Σ contexts × completions × T × V, plus the kernels' fp32 chunks. The maps are built on the
     model's device without a host copy per context; ``on_device`` returns them there (a caller
-    that keeps replaying copies once at the end), else on the CPU.
+    that keeps replaying copies once at the end), else on the CPU. ``packed``: each pass in one
+    forward call with every context's completions packed behind it (:mod:`mrtpo.packing`).
     """
     device = next(underlying_model(model).parameters()).device
     results, masks = [], []
@@ -373,7 +375,12 @@ def batch_relevance(
                                       entropy=torch.zeros(g, t, device=device) if with_entropy else None))
     for members in plan_passes([group.completions.shape[0] for group in groups], micro_batch, groups_per_pass):
         pieces = [(groups[index].contexts, groups[index].completions[rows]) for index, rows in members]
-        out = pass_context_logits(model, pieces, counter)
+        if packed:
+            from mrtpo.packing import packed_pass_logits
+
+            out = packed_pass_logits(model, pieces, [groups[index].lengths[rows] for index, rows in members], counter)
+        else:
+            out = pass_context_logits(model, pieces, counter)
         start = time.perf_counter()
         t = out.logits.shape[1]
         # every (member, counterfactual) pair of the pass in one kernel call: rows of `out.logits`

@@ -14,8 +14,9 @@ differs from GRPOTrainer, and nothing else:
    not replayed for a group where its coefficient ``ω_k Â[j,k]`` is 0 for every member (zero
    spread, fewer than two valid values), and a group with nothing left to replay is not replayed.
    Under ``dapo`` / ``cispo`` without KL or entropy terms the update also leaves out completions
-   whose advantage is 0 at every token (their loss and gradient are 0; the normaliser is global);
-   TRL's update metrics (entropy, clip ratios) then cover the rows it ran.
+   whose advantage is 0 at every token (their loss and gradient are 0; the normaliser is global),
+   all processes running as many rows (:mod:`mrtpo.update_rows`); TRL's update metrics (entropy,
+   clip ratios) then cover the rows it ran.
 3. TRL's off-policy sequence mask (``off_policy_mask_threshold``) keeps or drops a sequence by the
    sign of its *sequence* advantage (carried next to the ``(B, T)`` advantages), never token by
    token; TRL's completions table logs each completion's trained advantage (its token mean).
@@ -48,12 +49,12 @@ from trl import GRPOTrainer
 from mrtpo.counterfactual import counterfactual_text
 from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
 from mrtpo.fast_decode import fast_sampling
+from mrtpo.packing import can_pack, packed_logps
 from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
 from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer_config import (
     GLOBAL_NORMALISER_LOSSES,
-    ROW_KEYS,
     SEQUENCE_ADVANTAGES_KEY,
     SEQUENCE_LEVEL_LOSSES,
     TRL_AGGREGATION,
@@ -67,19 +68,8 @@ from mrtpo.trainer_metrics import (
     credit_sample,
     peak_memory_gib,
 )
+from mrtpo.update_rows import rows_that_move
 from mrtpo.verifiers import Evidence
-
-
-def _rows_that_move(inputs: dict[str, Any], zero: Tensor) -> dict[str, Any]:
-    """The micro-batch without its zero-advantage rows (``zero`` ``(B,)`` bool), keeping at least
-    one row: every process still makes its forward and backward (DDP's gradient all-reduce, ZeRO-3 /
-    FSDP parameter gathers). ``num_items_in_batch`` is kept, so the DAPO / CISPO normaliser is unchanged."""
-    keep = ~zero
-    if not keep.any():
-        keep = torch.zeros_like(zero)
-        keep[0] = True
-    return {key: value[keep] if key != "num_items_in_batch" and torch.is_tensor(value) else value
-            for key, value in inputs.items()}
 
 
 class MRTPOTrainer(GRPOTrainer):
@@ -296,8 +286,9 @@ class MRTPOTrainer(GRPOTrainer):
             if contexts and n > 0:
                 plan.append((replayed, contexts, idx, n))
         micro_batch, per_pass = self.args.replay_micro_batch, self.args.replay_groups_per_pass
+        packed = self.args.packed_sequences and can_pack(self.model)
         planned = replay_forward_calls([contexts for _, contexts, _, _ in plan], [len(idx) for _, _, idx, _ in plan],
-                                       micro_batch, per_pass)
+                                       micro_batch, per_pass, packed)
         target = self._agree_forward_calls(planned)
         counter = ForwardCounter()
         completion_ids = out["completion_ids"].cpu()  # one host copy; each pass sends its rows back in one
@@ -306,7 +297,7 @@ class MRTPOTrainer(GRPOTrainer):
                    for replayed, contexts, idx, n in plan]
         results = batch_relevance(self.model, replays, kind=kind, temperature=temperature, chunk_size=chunk, top_k=top_k,
                                   with_entropy=needs == "entropy", micro_batch=micro_batch, groups_per_pass=per_pass,
-                                  counter=counter, on_device=True)
+                                  counter=counter, on_device=True, packed=packed)
         for (replayed, _, idx, n), group in zip(plan, results):
             if needs == "entropy":
                 ent[idx, :n] = group.entropy

@@ -62,6 +62,9 @@ class MRTPOConfig(GRPOConfig):
     shared_prompt_update: bool = field(default=True, metadata={"help": (
         "run each distinct prompt once in the update's forward and the completions on its KV cache "
         "(same loss and gradient; not under activation checkpointing, which drops the cache)")})
+    packed_sequences: bool = field(default=False, metadata={"help": (
+        "in the update's forward, pack each prompt's completions behind it in one row under a block mask "
+        "instead of padding each to the longest (mrtpo.packing: same values, fewer tokens where lengths vary)")})
     multi_objective_aggregation: str | None = field(default=None, metadata={"help": (
         "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused")})
 
