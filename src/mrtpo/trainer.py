@@ -437,11 +437,12 @@ class MRTPOTrainer(GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                 compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
         batch_size = batch_size or input_ids.size(0)
+        packed = self.args.packed_sequences and can_pack(model)
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             rows = slice(start, start + batch_size)
             with self.accelerator.autocast():
-                chunk_logps, chunk_entropy = shared_prompt_logps(
+                chunk_logps, chunk_entropy = (packed_logps if packed else shared_prompt_logps)(
                     model, input_ids[rows, :prompt_length], attention_mask[rows, :prompt_length],
                     input_ids[rows, prompt_length:], attention_mask[rows, prompt_length:], compute_entropy)
             logps.append(chunk_logps)
