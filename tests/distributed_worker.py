@@ -1,13 +1,16 @@
 """One rank of a real multi-process CPU run of MRTPOTrainer (launched by tests/test_distributed.py).
 
-    torchrun --standalone --nproc_per_node 2 tests/distributed_worker.py OUT_DIR [--method mrtpo]
+    torchrun --standalone --nproc_per_node 2 tests/distributed_worker.py OUT_DIR [--method mrtpo] [--gym]
 
-Trains the tiny random policy (``mrtpo.testing.tiny_policy``) for a few steps on gloo with
-``use_cpu=True`` and writes, per rank, ``OUT_DIR/rank<r>.json`` (the first generation step's
-inputs, prompt/completion ids and masks, the gathered global rewards, this process's row slice,
-the replay's relevance maps and the local advantages, plus the number of replay forward calls
-per generation step) and ``OUT_DIR/rank<r>_params.pt`` (the parameters after training).
-The parent test recomputes everything in one process and compares.
+Trains the tiny random policy (``mrtpo.testing.tiny_policy``), or with ``--gym`` the gym task's
+warm-started policy (``gym-constraints``, real reward spread, built by ``mrtpo.train.build_trainer``
+as ``mrtpo train`` does), for a few steps on gloo with ``use_cpu=True`` and writes, per rank,
+``OUT_DIR/rank<r>.json``: per generation step the inputs, prompt/completion ids and masks, the
+gathered global rewards, this process's row slice, the replay's relevance maps and the local
+advantages; per update micro-batch its rows and the rows the update kept; the number of replay
+forward calls per generation step. ``OUT_DIR/rank<r>_params.pt`` holds the parameters after
+training, ``OUT_DIR/rank<r>_updates.pt`` the parameters and the (all-reduced, unclipped) gradient of
+every optimizer step. The parent test recomputes everything in one process and compares.
 
 Rewards and dataset are shared with the test (``build_rewards`` / ``build_dataset``).
 """
@@ -89,6 +92,14 @@ def build_dataset(missing_evidence_in: str | None = None):
     return Dataset.from_list(build_rows(missing_evidence_in))
 
 
+def gym_overrides(output_dir: str, max_steps: int, per_device_train_batch_size: int = 16) -> dict:
+    """``mrtpo train`` settings of the gym run of issue 31 (its defaults otherwise, the row skip on):
+    4 prompts x 8 completions per step over the processes."""
+    return {"task": "gym-constraints", "model": "gym", "output_dir": output_dir, "max_steps": max_steps,
+            "num_generations": 8, "per_device_train_batch_size": per_device_train_batch_size,
+            "max_completion_length": 40, "learning_rate": 3e-4, "report": False, "save_strategy": "no"}
+
+
 def build_config(output_dir: str, method: str, max_steps: int, **kw):
     from mrtpo.trainer import MRTPOConfig
 
@@ -132,18 +143,26 @@ def main() -> int:
     parser.add_argument("--simulate-sharded", action="store_true",
                         help="make every replay forward a collective (as under ZeRO-3 / FSDP) and check the calls pair up")
     parser.add_argument("--groups-per-pass", type=int, default=1, help="replay_groups_per_pass (0: all groups)")
+    parser.add_argument("--gym", action="store_true", help="train the gym policy on gym-constraints (gym_overrides)")
     args = parser.parse_args()
 
+    import mrtpo.trainer
     from mrtpo.testing import tiny_policy
-    from mrtpo.trainer import MRTPOTrainer
+    from mrtpo.trainer import ZERO_ADVANTAGE_KEY, MRTPOTrainer
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model, tok = tiny_policy(seed=0)
-    trainer = MRTPOTrainer(model=model, processing_class=tok, reward_funcs=build_rewards(),
-                           args=build_config(str(out_dir / "run"), args.method, args.max_steps,
-                                             replay_groups_per_pass=args.groups_per_pass or None),
-                           train_dataset=build_dataset(args.missing_evidence_in))
+    if args.gym:
+        from mrtpo.config import load_config
+        from mrtpo.train import build_trainer
+
+        trainer = build_trainer(load_config(overrides=gym_overrides(str(out_dir / "run"), args.max_steps)))
+    else:
+        model, tok = tiny_policy(seed=0)
+        trainer = MRTPOTrainer(model=model, processing_class=tok, reward_funcs=build_rewards(),
+                               args=build_config(str(out_dir / "run"), args.method, args.max_steps,
+                                                 replay_groups_per_pass=args.groups_per_pass or None),
+                               train_dataset=build_dataset(args.missing_evidence_in))
     acc = trainer.accelerator
     assert acc.num_processes == args.expect_processes, (
         f"expected {args.expect_processes} processes, accelerate sees {acc.num_processes} "
@@ -182,7 +201,7 @@ def main() -> int:
 
     trainer.model.register_forward_pre_hook(count_call, with_kwargs=True)
 
-    first: dict = {}
+    steps: list[dict] = []
     recorder = RecordingMethod(trainer.credit_method)
     trainer.credit_method = recorder  # sees exactly the CreditBatch the trainer hands the credit math
     original_replay = trainer._replay
@@ -200,35 +219,58 @@ def main() -> int:
     def recording_generate(inputs):
         calls.append([])
         out = original_generate(inputs)
-        if not first:
-            batch = recorder.batches[-1]
-            first.update({
-                "inputs": [dict(row) for row in inputs],
-                "prompt_ids": _tensor(out["prompt_ids"]), "prompt_mask": _tensor(out["prompt_mask"]),
-                "completion_ids": _tensor(out["completion_ids"]), "completion_mask": _tensor(out["completion_mask"]),
-                "advantages": _tensor(out["advantages"]),
-                # What the trainer gave the credit math: gathered rewards, this process's rows, local maps.
-                "rewards": [[None if math.isnan(v) else v for v in r] for r in _tensor(batch.rewards)],
-                "rows": [batch.rows.start, batch.rows.stop] if batch.rows is not None else None,
-                "group_size": batch.group_size, "credit_mask": _tensor(batch.mask),
-                "relevance": _tensor(batch.relevance) if batch.relevance is not None else None,
-                "has_evidence": _tensor(torch.as_tensor(batch.has_evidence)) if batch.has_evidence is not None else None,
-                "credit_config": dataclasses.asdict(trainer.credit_config),
-            })
+        batch = recorder.batches[-1]
+        steps.append({
+            "inputs": [dict(row) for row in inputs],
+            "prompt_ids": _tensor(out["prompt_ids"]), "prompt_mask": _tensor(out["prompt_mask"]),
+            "completion_ids": _tensor(out["completion_ids"]), "completion_mask": _tensor(out["completion_mask"]),
+            "advantages": _tensor(out["advantages"]),
+            # What the trainer gave the credit math: gathered rewards, this process's rows, local maps.
+            "rewards": [[None if math.isnan(v) else v for v in r] for r in _tensor(batch.rewards)],
+            "rows": [batch.rows.start, batch.rows.stop] if batch.rows is not None else None,
+            "group_size": batch.group_size, "credit_mask": _tensor(batch.mask),
+            "relevance": _tensor(batch.relevance) if batch.relevance is not None else None,
+            "has_evidence": _tensor(torch.as_tensor(batch.has_evidence)) if batch.has_evidence is not None else None,
+            "credit_config": dataclasses.asdict(trainer.credit_config),
+        })
         return out
 
     trainer._generate_and_score_completions = recording_generate
+
+    micro_batches: list[dict] = []  # every update micro-batch: its rows, and what the update ran
+    original_rows = mrtpo.trainer.rows_that_move
+
+    def recording_rows(inputs, zero, accelerator):
+        kept, left_out = original_rows(inputs, zero, accelerator)
+        tensors = {k: v for k, v in inputs.items() if torch.is_tensor(v)}
+        micro_batches.append({"inputs": {k: _tensor(v) for k, v in tensors.items()},
+                              "dtypes": {k: str(v.dtype).removeprefix("torch.") for k, v in tensors.items()},
+                              "kept_zero": _tensor(kept[ZERO_ADVANTAGE_KEY]), "left_out": left_out})
+        return kept, left_out
+
+    mrtpo.trainer.rows_that_move = recording_rows
+    updates: list[dict] = []  # every optimizer step: the parameters it starts from and the reduced gradient
+    original_clip = trainer._clip_grad_norm
+
+    def recording_clip(model):
+        named = acc.unwrap_model(model).named_parameters()
+        updates.append({name: (p.detach().clone(), p.grad.detach().clone()) for name, p in named if p.grad is not None})
+        return original_clip(model)
+
+    trainer._clip_grad_norm = recording_clip
     result = trainer.train()
 
     record = {
         "rank": rank, "num_processes": acc.num_processes, "distributed_type": str(acc.distributed_type),
         "world_size_env": int(os.environ.get("WORLD_SIZE", "1")), "method": args.method,
-        "replay_calls": calls, "first_step": first, "train_loss": result.training_loss,
+        "replay_calls": calls, "steps": steps, "micro_batches": micro_batches,
+        "train_loss": result.training_loss,
         "global_step": trainer.state.global_step,
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
     unwrapped = acc.unwrap_model(trainer.model)
     torch.save({k: v.detach().cpu().clone() for k, v in unwrapped.state_dict().items()}, out_dir / f"rank{rank}_params.pt")
+    torch.save(updates, out_dir / f"rank{rank}_updates.pt")
     acc.wait_for_everyone()
     print(f"rank {rank}: done, {sum(map(len, calls))} replay calls over {len(calls)} generation steps", flush=True)
     return 0

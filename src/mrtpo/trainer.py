@@ -369,11 +369,9 @@ class MRTPOTrainer(GRPOTrainer):
         # Travels with the rows through TRL's shuffle and split: the off-policy mask's per-sequence sign.
         sequence = self.credit_method.sequence_advantages(batch, self.credit_config)
         out[SEQUENCE_ADVANTAGES_KEY] = sequence.to(device)
-        zero_rows = None
         if self._update_skips_zero_rows:
-            zero_rows = self._zero_advantage_rows(coefficients[rows], sequence, mask)
-            out[ZERO_ADVANTAGE_KEY] = zero_rows.to(device)
-        self._log_skips(maps, zero_rows)
+            out[ZERO_ADVANTAGE_KEY] = self._zero_advantage_rows(coefficients[rows], sequence, mask).to(device)
+        self._log_skips(maps)
         self._log_trained_advantages(advantages, mask)
         self._log_credit(inputs, out, batch, maps, advantages)
         return out
@@ -393,20 +391,18 @@ class MRTPOTrainer(GRPOTrainer):
             zero = (coefficients == 0).all(1)
         return zero.cpu() | (mask.sum(1) == 0)
 
-    def _log_skips(self, maps: dict, zero_rows: Tensor | None) -> None:
+    def _log_skips(self, maps: dict) -> None:
         """Per step: each reward's share of groups with zero spread (from the gathered rewards), and,
-        summed over processes, the completions and counterfactual contexts replayed and skipped and
-        the completions the update leaves out (``zero_rows``, this process's ``(B,)`` bool)."""
+        summed over processes, the completions and counterfactual contexts replayed and skipped (the
+        completions the update leaves out are logged per micro-batch, by ``_compute_loss``)."""
         k = self._last_rewards.shape[1]
         group_adv = group_normalize(self._last_rewards, self.num_generations).view(-1, self.num_generations, k)
         zero_spread = (group_adv == 0).all(1).double().mean(0)
         for name, share in zip(self.reward_func_names, zero_spread.tolist()):
             self._metrics["train"][f"skip/zero_spread/{name}"].append(share)
-        counts = dict(self._replay_counts) if maps else {}
-        if zero_rows is not None:
-            counts["update_completions_skipped"] = int(zero_rows.sum())
-        if not counts:
+        if not maps:
             return
+        counts = self._replay_counts
         local = torch.tensor(list(counts.values()), dtype=torch.float64, device=self.accelerator.device)
         summed = self.accelerator.gather(local).view(-1, len(counts)).sum(0).cpu().tolist()
         for key, value in zip(counts, summed):
@@ -452,8 +448,9 @@ class MRTPOTrainer(GRPOTrainer):
     # --- TRL's off-policy sequence mask, per sequence -------------------------------------------
     def _compute_loss(self, model, inputs):
         zero = inputs.get(ZERO_ADVANTAGE_KEY)
-        if zero is not None and bool(zero.any()) and set(inputs) <= ROW_KEYS | {"num_items_in_batch"}:
-            inputs = _rows_that_move(inputs, zero)
+        if zero is not None:  # the same row count on every process: TRL's loss gathers per-row metrics
+            inputs, left_out = rows_that_move(inputs, zero, self.accelerator)
+            self._metrics["train"]["skip/update_completions_skipped"].append(left_out)
         self._loss_sequence_advantages = inputs.get(SEQUENCE_ADVANTAGES_KEY)
         try:
             return super()._compute_loss(model, inputs)
