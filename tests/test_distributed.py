@@ -17,6 +17,11 @@ when one rank had less replay work, and with each call made a collective as unde
 the calls paired up) and DDP (both ranks end with identical, changed parameters).
 The batch is laid out so the middle group of 4 completions straddles the two ranks, and one prompt
 has no in-prompt evidence, so group statistics really are cross-rank.
+
+The worker's ``--gym`` run trains the gym policy (real reward spread) with the update's row skip on,
+over steps where the ranks' zero-advantage rows differ: both ranks must run as many update rows (TRL's
+loss gathers per-row tensors), and at every step the advantages and the DDP-reduced gradient must equal
+one process's on the global batch. ``-m slow`` runs issue 31's 150-step two-process ``mrtpo train``.
 """
 
 from __future__ import annotations
@@ -326,6 +331,8 @@ class _TwoProcesses:
 
 
 class _OneProcess:
+    """Stand-in for a one-process accelerator, which must not be asked to gather."""
+
     num_processes, device = 1, torch.device("cpu")
 
     def gather(self, tensor):
@@ -333,6 +340,7 @@ class _OneProcess:
 
 
 def _micro_batch(zero: list[bool]) -> dict:
+    """A micro-batch whose completion ids are the row numbers; ``zero`` marks rows of advantage 0."""
     from mrtpo.trainer import ZERO_ADVANTAGE_KEY
 
     b = len(zero)
@@ -375,6 +383,7 @@ def gym_run(tmp_path_factory):
 
 
 def _moving_rows(micro_batch: dict) -> torch.Tensor:
+    """``(B,)`` bool: the rows of a recorded micro-batch whose advantage is not 0 everywhere."""
     from mrtpo.trainer import ZERO_ADVANTAGE_KEY
 
     return ~torch.tensor(micro_batch["inputs"][ZERO_ADVANTAGE_KEY])
