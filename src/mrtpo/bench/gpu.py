@@ -138,7 +138,7 @@ def _run_logged(command: list[str], timeout: float, log: Path) -> tuple[int | st
 
 def _train(model_dir: Path, method: str, run_dir: Path, args, timeout: float) -> dict[str, Any]:
     batch = args.prompts * args.group_size
-    command = [sys.executable, "-m", "mrtpo.cli", "train", "--config", str(args.config), "--task", "sql",
+    command = [sys.executable, "-m", "mrtpo.cli", "train", "--config", str(args.config), "--task", "sql", "--overwrite",
                f"model={model_dir}", f"method={method}", f"max_steps={args.steps}", f"output_dir={run_dir}",
                f"per_device_train_batch_size={batch}", f"num_generations={args.group_size}",
                f"max_completion_length={args.max_new_tokens}", "report_to=none", "save_strategy=no", "report=false",
