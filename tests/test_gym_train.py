@@ -118,3 +118,37 @@ def test_a_plugin_method_runs_on_the_gym_preset_in_two_workers(gym_env, tmp_path
     assert set(comparison["methods"]) == {"gdpo", "firsthalf"} and comparison["heldout_metrics"][0] == "reward_total"
     bad = _mrtpo(["bench", "learn", "--task", "gym-call", "--dry-run"], {**env, "MRTPO_PLUGINS": "no_such_module"}, tmp_path)
     assert bad.returncode != 0 and "MRTPO_PLUGINS names 'no_such_module'" in bad.stderr
+
+
+def test_flops_per_token_counts_linear_weights_head_and_attention():
+    from mrtpo.bench.step import flops_per_token
+    from mrtpo.testing import tiny_policy
+
+    model, tok = tiny_policy(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    v, d = len(tok), 32
+    # per layer: q 32x32, k and v 32x16 each, o 32x32, gate/up/down 32x64 each; the head (tied) v x 32
+    per_layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64
+    assert flops_per_token(model, context=0) == 2 * (2 * per_layer + v * d)
+    assert flops_per_token(model, context=10) - flops_per_token(model, context=0) == 4 * 2 * d * 10
+
+
+def test_bench_step_times_each_phase_of_both_methods_against_its_floor(gym_env, tmp_path):
+    out = tmp_path / "step.json"
+    result = _mrtpo(["bench", "step", "--task", "gym-constraints", "--steps", "3", "--profile", "2", "--out", str(out),
+                     f"task_args={TINY}", "max_completion_length=8", "skip_zero_advantage=false"], gym_env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    rows = {r["method"]: r for r in record["rows"]}
+    assert set(rows) == {"gdpo", "mrtpo"} and all(r["steps"] == 3 for r in rows.values())
+    assert rows["gdpo"]["replay"]["median"] < 1e-3 and rows["gdpo"]["replay"]["floor"] == 0  # gdpo replays nothing
+    for row in rows.values():
+        for phase in ("generation", "update"):
+            assert 0 < row[phase]["floor"] < row[phase]["median"]  # the arithmetic is a lower bound
+        total = sum(row[p]["median"] for p in ("generation", "scoring", "replay", "update"))
+        assert row["step"]["q1"] <= row["step"]["median"] <= row["step"]["q3"] and total > 0
+        assert 0 < row["tokens"]["sampled"] <= 32 * 8
+    # nothing skipped: every completion replayed under the original and each of its 3 clauses' counterfactuals
+    assert rows["mrtpo"]["tokens"]["replayed"] == 4 * rows["mrtpo"]["tokens"]["sampled"]
+    assert rows["mrtpo"]["replay"]["floor"] > 0
+    assert record["verdicts"]["mrtpo_over_gdpo"] > 0 and record["matmul_gflops"] > 0
+    assert "run_backward" in record["profiles"]["gdpo"]["python"] and "aten::" in record["profiles"]["mrtpo"]["torch"]

@@ -14,7 +14,8 @@ from mrtpo.machine import machine_info
 
 BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
                               "learn": "mrtpo.bench.learn", "lift": "mrtpo.bench.lift", "gym": "mrtpo.bench.gym",
-                              "gpu": "mrtpo.bench.gpu", "replay": "mrtpo.bench.replay_floor"}
+                              "gpu": "mrtpo.bench.gpu", "replay": "mrtpo.bench.replay_floor",
+                              "step": "mrtpo.bench.step"}
 
 
 def add_batch_arguments(parser, *, prompts: int, group_size: int = 4, max_new_tokens: int | None) -> None:
