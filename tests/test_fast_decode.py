@@ -146,3 +146,28 @@ def test_trainer_samples_through_the_decode_loop(tmp_path):
     assert len(fast) == 1 and fast[0][0] == 2
     slow = sampling_forwards(fast_generation=False)
     assert slow[0][0] == 2 and len(slow) > 2 and all(shape == (6, 1) for shape in slow[1:])
+
+
+def test_trainer_tokenizes_each_distinct_prompt_once_with_trls_ids(tmp_path):
+    """A generation batch of 2 prompts x 3 rows: TRL's chat template renders 2 conversations, and the
+    rows get exactly the ids TRL's own call over all 6 rows gives."""
+    from trl import GRPOTrainer
+
+    from test_trainer import char_code, has_letter_e, make_trainer
+
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code], max_steps=1, num_generations=3,
+                           per_device_train_batch_size=6, method="gdpo")
+    prompts = [row["prompt"] for row in trainer.train_dataset.select(range(2)) for _ in range(3)]
+    rendered = []
+    template = trainer.processing_class.apply_chat_template
+
+    def counting(conversation, **kw):
+        rendered.append(len(conversation))
+        return template(conversation=conversation, **kw)
+
+    trainer.processing_class.apply_chat_template = counting
+    ids, images, fields = trainer._tokenize_prompts(prompts)
+    trainer.processing_class.apply_chat_template = template
+    reference, *_ = GRPOTrainer._tokenize_prompts(trainer, prompts)
+    assert rendered == [2] and ids == reference and images is None and fields == {}
+    assert ids[0] == ids[2] and ids[3] == ids[5] and ids[0] != ids[3]

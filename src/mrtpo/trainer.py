@@ -156,6 +156,17 @@ class MRTPOTrainer(GRPOTrainer):
         with fast_sampling(model) if fast else shared_prefill(model):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
+    def _tokenize_prompts(self, prompts: list):
+        """TRL's prompt tokenisation run once per distinct text-only prompt (a group's rows share one)."""
+        keys = [json.dumps(p, sort_keys=True, default=str) for p in prompts]
+        distinct = list(dict.fromkeys(keys))
+        if len(distinct) == len(keys) or self._is_vlm:
+            return super()._tokenize_prompts(prompts)
+        ids, images, fields = super()._tokenize_prompts([prompts[keys.index(k)] for k in distinct])
+        if images is not None or fields:
+            return super()._tokenize_prompts(prompts)
+        return [ids[distinct.index(k)] for k in keys], None, {}
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         start = time.perf_counter()
         with checked_reward_funcs(self):  # a value that is not a finite number or None names its function
