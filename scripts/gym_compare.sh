@@ -4,7 +4,7 @@
 #
 #   bash scripts/gym_compare.sh              # full comparison on this CPU (2 worker processes)
 #   QUICK=1 bash scripts/gym_compare.sh      # gdpo vs mrtpo, 2 seeds x 40 steps: ~1 min (warm start cached)
-#   DEVICE=cuda JOBS=4 bash scripts/gym_compare.sh   # on one GPU (not yet run: no GPU here)
+#   DEVICE=cuda JOBS=4 bash scripts/gym_compare.sh   # on one GPU (dry-run on the CPU by tests/test_gym_train.py)
 #   STAGES="precision lr main" bash scripts/gym_compare.sh   # some stages only
 #
 # Stages: precision (credit precision against ground truth, every family, before learning);
@@ -33,6 +33,10 @@ if [ "${QUICK:-0}" = 1 ]; then
 fi
 EXTRA=()
 [ "$DEVICE" = cuda ] && EXTRA+=("use_cpu=false")
+# EXTRA_ARGS: more arguments for every `mrtpo bench learn` call, space-separated: key=value settings or flags
+# (e.g. a tiny policy and --eval-size 4 for a dry run)
+read -r -a USER_ARGS <<< "${EXTRA_ARGS:-}"
+EXTRA+=("${USER_ARGS[@]}")
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 log() { echo "[gym $(date +%H:%M:%S)] $*" | tee -a "$OUT/progress.log"; }

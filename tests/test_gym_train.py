@@ -152,3 +152,24 @@ def test_bench_step_times_each_phase_of_both_methods_against_its_floor(gym_env, 
     assert rows["mrtpo"]["replay"]["floor"] > 0
     assert record["verdicts"]["mrtpo_over_gdpo"] > 0 and record["matmul_gflops"] > 0
     assert "run_backward" in record["profiles"]["gdpo"]["python"] and "aten::" in record["profiles"]["mrtpo"]["torch"]
+
+
+def test_gym_compare_gpu_path_dry_run_on_the_cpu(gym_env, tmp_path):
+    """``DEVICE=cuda bash scripts/gym_compare.sh`` (what a lent GPU runs), on a tiny policy and 2 steps:
+    every run asks for the accelerator (``use_cpu: false``, falling back to the CPU here) and the
+    comparison and its summary are written."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "gym"
+    env = {**gym_env, "DEVICE": "cuda", "STAGES": "main summary", "METHODS": "gdpo,mrtpo", "SEEDS": "0", "STEPS": "2",
+           "JOBS": "1", "OUT": str(out), "MRTPO": str(Path(sys.executable).parent / "mrtpo"),
+           "EXTRA_ARGS": 'task_args={"policy":{"steps":3,"batch_size":8}} max_completion_length=8 --eval-size 4'}
+    result = subprocess.run(["bash", str(root / "scripts" / "gym_compare.sh")], env=env, cwd=root, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    main = out / "main-gym-constraints"
+    assert (main / "bench.json").is_file()
+    for method in ("gdpo", "mrtpo"):
+        config = (main / f"{method}-seed0" / "config.yaml").read_text()
+        assert "use_cpu: false" in config and json.loads((main / f"{method}-seed0" / "finished.json").read_text())["steps"] == 2
