@@ -95,12 +95,10 @@ def pack(prefixes: Sequence[Sequence[int]], completions: Sequence[Sequence[Seque
     causal = torch.ones(length, length, dtype=torch.bool).tril()
     visible = causal & (key != PAD_SEGMENT) & ((key == PROMPT_SEGMENT) | (key == query))
     visible |= torch.eye(length, dtype=torch.bool)  # a padding query sees itself (no empty softmax row)
-    index = torch.zeros(len(spans), t, dtype=torch.long)
-    valid = torch.zeros(len(spans), t, dtype=torch.bool)
-    for i, (row, start, n) in enumerate(spans):
-        k = min(n, t)
-        index[i, :k] = row * length + start + torch.arange(k)
-        valid[i, :k] = True
+    row, start, n = torch.tensor(spans, dtype=torch.long).view(-1, 3).unbind(1)
+    offsets = torch.arange(t)
+    valid = offsets < n.unsqueeze(1)  # (N, T)
+    index = torch.where(valid, (row * length + start).unsqueeze(1) + offsets, 0)
     return PackedBatch(padded(rows, pad_id), padded(positions, 0), visible.unsqueeze(1), padded(labels, -100),
                        index, valid)
 
