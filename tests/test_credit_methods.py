@@ -164,3 +164,46 @@ def test_per_completion_evidence_presence():
     with pytest.raises(ValueError, match="has_evidence"):
         batch.has_evidence = torch.ones(5, 3, dtype=torch.bool)
         get_method("mrtpo").weights(batch)
+
+
+def test_shuffled_control_permutes_mrtpo_weights_within_each_response():
+    batch = make_batch(t=9, seed=3)
+    config = CreditConfig()
+    mrtpo = get_method("mrtpo").weights(batch, config)
+    shuffled = get_method("mrtpo-shuffled").weights(batch, config)
+    mask = batch.mask.bool()
+    moved = 0
+    for j in range(mask.shape[0]):
+        n = int(mask[j].sum())
+        for i in range(mrtpo.shape[1]):
+            a, b = mrtpo[j, i, :n], shuffled[j, i, :n]
+            torch.testing.assert_close(b.sort().values, a.sort().values)  # the same values ...
+            moved += int(not torch.equal(a, b))                             # ... on other tokens
+        assert torch.all(shuffled[j, :, n:] == 0)
+    assert moved > mrtpo.shape[0]  # most rows of several tokens change order
+    assert torch.equal(shuffled, get_method("mrtpo-shuffled").weights(batch, config))  # seeded by the batch
+
+
+def test_swapped_control_gives_each_reward_the_next_rewards_map():
+    batch = make_batch(seed=5)
+    config = CreditConfig()
+    mrtpo = get_method("mrtpo").weights(batch, config)
+    swapped = get_method("mrtpo-swapped").weights(batch, config)
+    for i in range(mrtpo.shape[1]):
+        torch.testing.assert_close(swapped[:, i], mrtpo[:, (i + 1) % mrtpo.shape[1]])
+
+
+@pytest.mark.parametrize("control", ["mrtpo-shuffled", "mrtpo-swapped"])
+def test_controls_move_credit_like_mrtpo_without_creating_it(control):
+    """Each control's token advantages average to GDPO's sequence advantage, as MRTPO's do, and
+    they are the advantages of its own weights."""
+    batch = make_batch(t=8, seed=6)
+    config = CreditConfig()
+    method = get_method(control)
+    assert method.needs == "per_reward"
+    adv = method(batch, config)
+    torch.testing.assert_close(masked_mean(adv, batch.mask), gdpo_advantages(batch.rewards, batch.group_size),
+                               atol=1e-5, rtol=1e-5)
+    expected = token_advantages(batch.rewards, batch.group_size, method.weights(batch, config), batch.mask)
+    torch.testing.assert_close(adv, expected)
+    assert not torch.allclose(adv, compute_advantages("mrtpo", batch, config))

@@ -66,6 +66,8 @@ class CreditMethod:
     description: str
     fn: Callable[[CreditBatch, CreditConfig], Tensor]
     sequence: str = "gdpo"
+    #: ``(weights (N, K, T), batch) -> weights``: what the method does to its ``needs``' weights (controls)
+    transform: Callable[[Tensor, CreditBatch], Tensor] | None = None
 
     def __call__(self, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
         return self.fn(batch, config or CreditConfig())
@@ -82,15 +84,18 @@ class CreditMethod:
 
     def weights(self, batch: CreditBatch, config: CreditConfig | None = None) -> Tensor:
         """The ``(N, K, T)`` token weights this method gives each reward (for reports and metrics)."""
-        return credit_weights(batch, config or CreditConfig(), self.needs)
+        weights = credit_weights(batch, config or CreditConfig(), self.needs)
+        return weights if self.transform is None else self.transform(weights, batch)
 
 
 _METHODS: dict[str, CreditMethod] = {}
 
 
-def register_method(name: str, needs: str, description: str, sequence: str = "gdpo"):
+def register_method(name: str, needs: str, description: str, sequence: str = "gdpo",
+                    transform: Callable[[Tensor, CreditBatch], Tensor] | None = None):
     """Decorator: register ``fn(batch, config) -> (N, T)`` under ``name``; ``sequence`` names the
-    sequence advantage its token advantages average to (``"grpo"`` or ``"gdpo"``)."""
+    sequence advantage its token advantages average to (``"grpo"`` or ``"gdpo"``); ``transform``
+    what the method does to the weights of its ``needs`` (:meth:`CreditMethod.weights` applies it)."""
     if needs not in NEEDS:
         raise ValueError(f"needs must be one of {NEEDS}, got {needs!r}")
     if sequence not in SEQUENCE_ADVANTAGES:
@@ -99,7 +104,7 @@ def register_method(name: str, needs: str, description: str, sequence: str = "gd
     def wrap(fn: Callable[[CreditBatch, CreditConfig], Tensor]):
         if name in _METHODS:
             raise ValueError(f"credit method {name!r} is already registered")
-        _METHODS[name] = CreditMethod(name, needs, description, fn, sequence)
+        _METHODS[name] = CreditMethod(name, needs, description, fn, sequence, transform)
         return fn
 
     return wrap
@@ -170,11 +175,37 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
     return weights
 
 
-def _weighted(batch: CreditBatch, config: CreditConfig, needs: str) -> Tensor:
+def _weighted(batch: CreditBatch, config: CreditConfig, needs: str, weights: Tensor | None = None) -> Tensor:
     return token_advantages(
-        batch.rewards, batch.group_size, credit_weights(batch, config, needs), batch.mask,
-        config.reward_weights, config.batch_norm, rows=batch.rows,
+        batch.rewards, batch.group_size, credit_weights(batch, config, needs) if weights is None else weights,
+        batch.mask, config.reward_weights, config.batch_norm, rows=batch.rows,
     )
+
+
+def _batch_generator(batch: CreditBatch) -> torch.Generator:
+    """A generator seeded by the batch itself (its rewards and lengths): a control's randomness is the
+    same on a rerun and on every process, and leaves the global RNG (sampling) untouched."""
+    rewards = torch.nan_to_num(batch.rewards.double(), nan=-7.0)
+    key = float((rewards * torch.arange(1, rewards.numel() + 1, dtype=torch.float64).view_as(rewards)).sum())
+    seed = int(abs(key) * 1000) ^ int(batch.mask.sum()) * 2654435761
+    return torch.Generator().manual_seed(seed % (2 ** 63))
+
+
+def shuffle_within_responses(weights: Tensor, batch: CreditBatch) -> Tensor:
+    """``weights`` ``(N, K, T)`` with each (completion, reward) row's values permuted at random among
+    the completion's own tokens (mask ``(N, T)``): the same concentration, on arbitrary tokens."""
+    n, k, t = weights.shape
+    valid = batch.mask.bool().unsqueeze(1).expand(n, k, t)
+    keys = torch.rand(n, k, t, generator=_batch_generator(batch)).masked_fill(~valid, 2.0)
+    source = keys.argsort(dim=-1)  # the valid positions in random order, then the padding
+    target = (~valid).to(torch.int8).argsort(dim=-1, stable=True)  # the valid positions in order, then the padding
+    return torch.zeros_like(weights).scatter(-1, target, weights.gather(-1, source))
+
+
+def swap_between_rewards(weights: Tensor, batch: CreditBatch) -> Tensor:
+    """``weights`` ``(N, K, T)`` with reward ``k`` given reward ``k + 1``'s weights (cyclically): each
+    reward's advantage on another reward's tokens."""
+    return weights.roll(-1, dims=1)
 
 
 @register_method("grpo", needs="none", description="sum rewards, group-normalise; uniform over tokens",
@@ -203,6 +234,18 @@ def _entropy(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _weighted(batch, config, "entropy")
 
 
+@register_method("mrtpo-shuffled", needs="per_reward", transform=shuffle_within_responses,
+                 description="control: MRTPO's weights permuted at random within each response")
+def _mrtpo_shuffled(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    return _weighted(batch, config, "per_reward", get_method("mrtpo-shuffled").weights(batch, config))
+
+
+@register_method("mrtpo-swapped", needs="per_reward", transform=swap_between_rewards,
+                 description="control: each reward's advantage on the next reward's MRTPO map")
+def _mrtpo_swapped(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    return _weighted(batch, config, "per_reward", get_method("mrtpo-swapped").weights(batch, config))
+
+
 __all__ = [
     "NEEDS",
     "SEQUENCE_ADVANTAGES",
@@ -214,4 +257,6 @@ __all__ = [
     "credit_weights",
     "get_method",
     "register_method",
+    "shuffle_within_responses",
+    "swap_between_rewards",
 ]
