@@ -19,9 +19,12 @@ from pathlib import Path
 
 import torch
 
+from mrtpo.cli_help import HelpFormatter
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="mrtpo demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mrtpo demo", description=__doc__.splitlines()[0],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf file or hub id")
     parser.add_argument("--task", default="toolcall", help="task name (toolcall, instructions, sql)")
     parser.add_argument("--split", default="train", help="split to draw the prompt from")
@@ -30,7 +33,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="completion length cap")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling and replay temperature")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder")
+    parser.add_argument("--output-dir", "--out", dest="out", type=Path, default=Path("runs/demo"), metavar="DIR",
+                        help="output folder")
     return parser.parse_args(argv)
 
 

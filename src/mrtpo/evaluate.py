@@ -10,7 +10,7 @@ of similar length, left-padded and generated until a stop token (eos, ``<|im_end
 ``<|endoftext|>``, the pad token) or ``max_new_tokens``; outputs come back in example order.
 The task's own ``evaluate()`` scores them.
 
-A run writes to ``--out`` (default ``runs/eval/<task>-<split>-<model>-<time>``):
+A run writes to ``--output-dir`` (alias ``--out``; default ``runs/eval/<task>-<split>-<model>-<time>``):
 
 - ``results.json``: ``{"run": <metadata>, "metrics": <task.evaluate() dict>}``;
 - ``results.md``: the headline metrics and each per-category / per-database table;
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mrtpo.cli_help import HelpFormatter
 from mrtpo.evaluate_load import EvalUserError, load_model, resolve_checkpoint
 from mrtpo.evaluate_results import render_markdown, write_results
 from mrtpo.machine import machine_info
@@ -313,25 +314,26 @@ def _parser() -> argparse.ArgumentParser:
         prog="mrtpo eval",
         description="Score a model or checkpoint on a task's held-out split (greedy decoding, "
         "deterministic). Writes results.json, results.md and outputs.jsonl.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--task", required=True, help=f"one of {', '.join(TASK_NAMES)}")
     p.add_argument(
         "--model",
         default="qwen2.5-coder-0.5b",
         help="preset name, .gguf file, folder saved with save_pretrained, training checkpoint "
-        "(checkpoint-N, or its parent: the highest N is used), PEFT adapter folder, or hub id "
-        "(default: qwen2.5-coder-0.5b)",
+        "(checkpoint-N, or its parent: the highest N is used), PEFT adapter folder, or hub id",
     )
     p.add_argument("--base-model", default=None, help="base model of a PEFT adapter (default: the one its adapter_config.json names)")
-    p.add_argument("--split", default="eval", help=f"split to score (default eval). Splits: {_split_help()}")
+    p.add_argument("--split", default="eval", help=f"split to score. Splits: {_split_help()}")
     p.add_argument("--limit", type=int, default=None, help="score only the first N examples of the split")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation cap (default per task: {defaults})")
-    p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16", help="model dtype (default bfloat16)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda when available)")
-    p.add_argument("--out", default=None, help="output folder (default runs/eval/<task>-<split>-<model>-<time>)")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation cap (default: per task, {defaults})")
+    p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16", help="model dtype")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
+    p.add_argument("--output-dir", "--out", dest="out", metavar="DIR",
+                   help="output folder (default: runs/eval/<task>-<split>-<model>-<time>)")
     p.add_argument("--seed", type=int, default=0, help="torch seed (greedy decoding does not use it; recorded)")
-    p.add_argument("--hub", action="store_true", help="allow the model hub (default: HF_HUB_OFFLINE=1)")
+    p.add_argument("--hub", action="store_true", help="allow the model hub (without it: HF_HUB_OFFLINE=1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

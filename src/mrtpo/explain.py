@@ -26,6 +26,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from mrtpo.cli_help import HelpFormatter
 from mrtpo.tasks import TASK_NAMES
 
 METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
@@ -38,24 +39,24 @@ class ExplainError(ValueError):
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mrtpo explain", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="mrtpo explain", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     p.add_argument("--task", required=True, choices=TASK_NAMES, help="task of the example")
-    p.add_argument("--index", type=int, default=0, help="example index within the split (default 0)")
-    p.add_argument("--split", default="train", help="train or eval (default train)")
+    p.add_argument("--index", type=int, default=0, help="example index within the split")
+    p.add_argument("--split", default="train", help="train or eval")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--completion", help="the completion text to explain")
+    src.add_argument("--completion", help="the completion text to explain (default: the model's greedy completion)")
     src.add_argument("--completion-file", type=Path, help="file holding the completion text")
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, model folder, checkpoint, .gguf or hub id")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (training uses float32 on CPU)")
     p.add_argument("--method", default="mrtpo", choices=METHODS, help="credit method whose weights are shown")
     p.add_argument("--relevance", default="js", choices=("js", "kl", "logratio"), help="relevance of a replay")
     p.add_argument("--lam", type=float, default=1.0, help="0 uniform .. 1 proportional to relevance")
-    p.add_argument("--w-max", type=float, default=None, help="cap on one token's weight")
+    p.add_argument("--w-max", type=float, default=None, help="cap on one token's weight (default: no cap)")
     p.add_argument("--temperature", type=float, default=1.0, help="replay temperature (the sampling temperature)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="length cap of the greedy completion")
     p.add_argument("--no-eos", action="store_true", help="do not append the end-of-turn token to a given completion")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task constructor argument (YAML value)")
-    p.add_argument("--out", type=Path, default=Path("explain.html"), help="HTML file to write (default explain.html)")
+    p.add_argument("--out", type=Path, default=Path("explain.html"), metavar="FILE", help="HTML file to write")
     return p.parse_args(argv)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import logging
 import math
 import os
 import sys
@@ -35,9 +36,11 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from mrtpo.cli_help import HelpFormatter  # noqa: E402
 from mrtpo.config import (  # noqa: E402
     CONFIG_NAME,
     TASK_NAMES,
+    TRAIN_DEFAULTS,
     ConfigError,
     RunConfig,
     RunSettings,
@@ -59,6 +62,8 @@ from mrtpo.run_folder import (  # noqa: E402
     saved_config,
 )
 from mrtpo.trainer_metrics import trim_jsonl  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PromptMismatchError", "TaskData", "build_trainer", "find_checkpoint", "load_task_data", "main",
            "resolve_from_argv"]
@@ -193,7 +198,7 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
         warm, _ = resolve_for_run(run.warm_start, run.task, run.model)
         if warm is not None:  # e.g. toolcall: a short LoRA SFT so the format reward has spread (built once)
             model, tokenizer, folder = load_warm_start(run.model, warm, task, dtype=getattr(torch, _DTYPES[run.dtype]))
-            print(f"warm start: starting from {folder}", flush=True)
+            logger.info("warm start: starting from %s", folder)
         else:
             model, tokenizer = load_policy(run.model, dtype=getattr(torch, _DTYPES[run.dtype]))
     peft_config = None
@@ -231,22 +236,30 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
 # The command.
 # --------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
+    run = RunSettings()
     p = argparse.ArgumentParser(
         prog="mrtpo train",
         description="Train a policy with MRTPO or a baseline method on a task (see docs/training.md).",
         epilog="Any config key can be given as key=value after the flags, e.g. `temperature=0.9 lam=0.5`. "
                "Precedence: defaults < saved config (resume) < --config files < flags < key=value.",
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("--task", choices=TASK_NAMES, help="task to train on (default sql)")
-    p.add_argument("--method", help="credit method: grpo, gdpo, mrtpo, contrast, entropy (default mrtpo)")
+    # Defaults stay None here so a flag left out does not override a --config file; the help names
+    # the value the run then gets.
+    p.add_argument("--task", choices=TASK_NAMES, help=f"task to train on (default: {run.task})")
+    p.add_argument("--method", help=f"credit method: grpo, gdpo, mrtpo, contrast, entropy "
+                                    f"(default: {TRAIN_DEFAULTS['method']})")
     p.add_argument("--config", action="append", default=[], metavar="YAML", help="config file (repeatable; later wins)")
-    p.add_argument("--model", help="preset, model folder, .gguf file or hub id (default qwen2.5-coder-0.5b)")
-    p.add_argument("--output-dir", help="run folder (default runs/<task>-<method>-<time>)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps")
-    p.add_argument("--seed", type=int, help="seed of data order, sampling and initialisation")
-    p.add_argument("--learning-rate", type=float, help="learning rate")
-    p.add_argument("--lora-r", type=int, help="LoRA rank (0: full fine-tuning)")
-    p.add_argument("--report-to", help="none, tensorboard, wandb, trackio (comma-separated for several)")
+    p.add_argument("--model", help=f"preset, model folder, .gguf file or hub id (default: {run.model})")
+    p.add_argument("--output-dir", metavar="DIR", help="run folder (default: runs/<task>-<method>-<time>)")
+    p.add_argument("--max-steps", type=int, help=f"optimizer steps (default: {TRAIN_DEFAULTS['max_steps']})")
+    p.add_argument("--seed", type=int, help=f"seed of data order, sampling and initialisation "
+                                            f"(default: {TRAIN_DEFAULTS['seed']})")
+    p.add_argument("--learning-rate", type=float, help=f"learning rate (default: {TRAIN_DEFAULTS['learning_rate']}; "
+                                                       f"{run.lora_learning_rate} with LoRA)")
+    p.add_argument("--lora-r", type=int, help=f"LoRA rank, 0: full fine-tuning (default: {run.lora_r})")
+    p.add_argument("--report-to", help=f"none, tensorboard, wandb, trackio (comma-separated for several) "
+                                       f"(default: {TRAIN_DEFAULTS['report_to']})")
     p.add_argument("--resume", nargs="?", const="", metavar="CHECKPOINT",
                    help="continue a run: a checkpoint folder, a run folder (its latest checkpoint), or nothing "
                         "(the latest checkpoint in --output-dir)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -42,6 +43,8 @@ from mrtpo.warm_start_data import (
     task_rows,
     text_token_ids,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "TASK_DEFAULTS",
@@ -203,7 +206,7 @@ def resolve_for_run(value: Any, task: str, model: str) -> tuple[WarmStartSetting
 # Training.
 # --------------------------------------------------------------------------------------------
 def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, str]], settings: WarmStartSettings,
-            output_dir: str | os.PathLike, *, save_steps: int | None = None, log=print) -> tuple[Any, dict[str, Any]]:
+            output_dir: str | os.PathLike, *, save_steps: int | None = None, log=logger.info) -> tuple[Any, dict[str, Any]]:
     """LoRA SFT of ``model`` on ``rows`` with TRL's ``SFTTrainer``; returns ``(merged model, stats)``.
 
     One pair per forward, ``batch_size`` of them accumulated per optimizer step: the same update as a
@@ -307,7 +310,7 @@ def _complete(entry: Path) -> dict | None:
 
 
 def build_warm_start(model: str, settings: WarmStartSettings, task: Any = None, out: str | os.PathLike | None = None,
-                     *, log=print) -> Path:
+                     *, log=logger.info) -> Path:
     """Train the warm start and save the merged model folder at ``out`` (written atomically)."""
     import torch
 
@@ -348,7 +351,7 @@ def build_warm_start(model: str, settings: WarmStartSettings, task: Any = None, 
 
 
 def load_warm_start(model: str, settings: WarmStartSettings, task: Any = None, dtype: Any = None,
-                    cache_dir: str | os.PathLike | None = None, *, log=print):
+                    cache_dir: str | os.PathLike | None = None, *, log=logger.info):
     """``(model, tokenizer, folder)``: the warm-started policy, built and cached on first use."""
     import torch
 
@@ -368,8 +371,10 @@ def load_warm_start(model: str, settings: WarmStartSettings, task: Any = None, d
 def _parser():
     import argparse
 
+    from mrtpo.cli_help import HelpFormatter
+
     p = argparse.ArgumentParser(
-        prog="mrtpo sft",
+        prog="mrtpo sft", formatter_class=HelpFormatter,
         description="Supervised warm start (LoRA, TRL SFTTrainer) on a task's training pairs or your own JSONL "
                     "file; saves a merged model folder that mrtpo train/eval load with --model. Unset options "
                     "take the task's default warm start (toolcall: the one mrtpo train uses), else the plain defaults.",
@@ -377,18 +382,28 @@ def _parser():
                "\"completion\": ...} or {\"prompt\": \"<rendered>\", \"completion\": \"<answer>\"}.")
     p.add_argument("--task", help="take the task's own training pairs (toolcall); or give --data")
     p.add_argument("--data", help="JSONL file of your own pairs")
-    p.add_argument("--model", default=None, help="base model (default qwen2.5-coder-0.5b)")
-    p.add_argument("--output-dir", help="where to save the merged model (default: the warm start cache, where "
-                                        "mrtpo train looks)")
-    p.add_argument("--steps", type=int, help="optimizer steps")
-    p.add_argument("--learning-rate", type=float)
-    p.add_argument("--batch-size", type=int, help="pairs per optimizer step")
-    p.add_argument("--lora-r", type=int)
-    p.add_argument("--lora-alpha", type=float, help="default 2 x lora-r")
-    p.add_argument("--max-length", type=int, help="longer pairs are left out")
-    p.add_argument("--limit", type=int, default=None, help="use the first N pairs only")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--text-tags", nargs="*", metavar="TAG", help="strings taught as ordinary text tokens")
+    plain = WarmStartSettings()
+
+    def default(key: str) -> str:
+        """The plain default of a setting and, where a task's warm start differs, that task's."""
+        def show(v):
+            return (" ".join(v) or "none") if isinstance(v, tuple) else v
+        tasks = [f"; {t}: {show(getattr(w, key))}" for t, w in TASK_DEFAULTS.items() if getattr(w, key) != getattr(plain, key)]
+        return f"(default: {show(getattr(plain, key))}{''.join(tasks)})"
+
+    p.add_argument("--model", default=None, help="base model (default: qwen2.5-coder-0.5b)")
+    p.add_argument("--output-dir", metavar="DIR", help="where to save the merged model (default: the warm start cache, "
+                                                       "where mrtpo train looks)")
+    p.add_argument("--steps", type=int, help=f"optimizer steps {default('steps')}")
+    p.add_argument("--learning-rate", type=float, help=f"constant learning rate {default('learning_rate')}")
+    p.add_argument("--batch-size", type=int, help=f"pairs per optimizer step {default('batch_size')}")
+    p.add_argument("--lora-r", type=int, help=f"LoRA rank {default('lora_r')}")
+    p.add_argument("--lora-alpha", type=float, help="LoRA scaling alpha (default: 2 x --lora-r)")
+    p.add_argument("--max-length", type=int, help=f"longer pairs are left out {default('max_length')}")
+    p.add_argument("--limit", type=int, default=None, help="use the first N pairs only (default: all)")
+    p.add_argument("--seed", type=int, help=f"seed of the data order and the adapters {default('seed')}")
+    p.add_argument("--text-tags", nargs="*", metavar="TAG",
+                   help=f"strings taught as ordinary text tokens {default('text_tags')}")
     return p
 
 

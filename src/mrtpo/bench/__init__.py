@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mrtpo.cli_help import did_you_mean
 from mrtpo.machine import machine_info
 
 BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
@@ -105,8 +107,32 @@ def write_record(out: Path, benchmark: str, command: str, rows: list[dict], **ex
     return record
 
 
+def describe(module: str) -> str:
+    """A benchmark's one-line description: the first paragraph of its module docstring, read from the
+    source without importing it (most benchmarks import torch)."""
+    import ast
+    import importlib.util
+
+    source = Path(importlib.util.find_spec(module).origin).read_text()
+    first = (ast.get_docstring(ast.parse(source)) or "").split("\n\n")[0]
+    return re.sub(r"^``mrtpo bench \w+``: ", "", " ".join(first.split())).replace("``", "")
+
+
+def usage() -> str:
+    """``mrtpo bench``'s help: each benchmark with its one-line description."""
+    width = max(map(len, BENCHMARKS))
+    lines = ["usage: mrtpo bench <name> [options]", "", "benchmarks:"]
+    lines += [f"  {name:<{width}}  {describe(module)}" for name, module in BENCHMARKS.items()]
+    lines += ["", "Run `mrtpo bench <name> --help` for a benchmark's options."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in BENCHMARKS:
-        print(f"usage: mrtpo bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if argv[0] not in BENCHMARKS:
+        print(f"mrtpo bench: unknown benchmark {argv[0]!r}{did_you_mean(argv[0], BENCHMARKS)}\n\n{usage()}",
+              file=sys.stderr)
         return 2
     return int(importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:]) or 0)

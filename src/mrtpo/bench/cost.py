@@ -43,6 +43,7 @@ from mrtpo.bench.floors import (
     update_floor_seconds,
     update_seconds,
 )
+from mrtpo.cli_help import HelpFormatter
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.counterfactual import prompt_renderer, replay_contexts
 from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, shared_lengths
@@ -50,7 +51,7 @@ from mrtpo.sampling import sample_group
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench cost", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="mrtpo bench cost", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     p.add_argument("--task", default="sql", help="task whose train prompts make the batch")
     add_sampling_arguments(p, prompts=2, max_new_tokens=64, methods="grpo,gdpo,mrtpo,contrast,entropy", dtype="float32")
     p.add_argument("--top-k", type=int, help="top-k approximation of the JS sum in the replays (default: exact)")
@@ -61,7 +62,7 @@ def _parse(argv):
     p.add_argument("--update-modes", default=",".join(UPDATE_MODES),
                    help="comma-separated update modes timed against the floor (rows without checkpointing holds "
                         "every position's full-vocabulary logits: ~21 GB on the default model)")
-    p.add_argument("--out", type=Path, default=Path("runs/bench/cost.json"))
+    p.add_argument("--out", type=Path, default=Path("runs/bench/cost.json"), metavar="FILE", help="JSON record")
     args = p.parse_args(argv)
     unknown = set(args.update_modes.split(",")) - set(UPDATE_MODES)
     if unknown:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mrtpo.bench import write_record
+from mrtpo.cli_help import HelpFormatter
 
 #: Qwen2 shapes: hidden, layers, attention heads, key/value heads, MLP width, tied embeddings.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -48,7 +49,7 @@ TARGETS = {"step_ratio": 1.10, "replay_ratio": 1.2}
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench gpu", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="mrtpo bench gpu", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     p.add_argument("--shapes", default="q05,q15", help=f"comma-separated model shapes: {', '.join(SHAPES)}")
     p.add_argument("--methods", default="gdpo,mrtpo", help="comma-separated credit methods")
     p.add_argument("--tokenizer", type=Path, help="folder with the real tokenizer files (default: the default "
@@ -61,9 +62,10 @@ def _parse(argv):
     p.add_argument("--deadline", type=float, default=450.0, help="seconds the whole check may take")
     p.add_argument("--replay-timeout", type=float, default=120.0, help="seconds the replay measurement may take per shape "
                    "(0: skip it)")
-    p.add_argument("--out", type=Path, default=Path("runs/bench/gpu"), help="folder for runs, logs and gpu.json")
-    p.add_argument("--models", type=Path, help="folder for the built models (default: OUT/models; 1-3 GB each)")
-    p.add_argument("overrides", nargs="*", help="extra key=value settings for every run")
+    p.add_argument("--output-dir", "--out", dest="out", type=Path, default=Path("runs/bench/gpu"), metavar="DIR",
+                   help="folder for runs, logs and gpu.json")
+    p.add_argument("--models", type=Path, help="folder for the built models (default: DIR/models; 1-3 GB each)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra settings for every run")
     return p.parse_args(argv)
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from mrtpo.bench import add_sampling_arguments, method_list, sample_and_weigh, write_record
+from mrtpo.cli_help import HelpFormatter
 from mrtpo.credit import CreditConfig
 from mrtpo.credit.lift import span_lift, summarise_lifts
 
@@ -42,7 +43,7 @@ DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench gym", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="mrtpo bench gym", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     p.add_argument("--task", default="gym-constraints", help="a gym task (gym-constraints, gym-answer, gym-call, gym-overlap)")
     p.add_argument("--task-arg", action="append", default=[], metavar="key=value",
                    help="a gym setting, e.g. num_clauses=4 (repeatable)")
@@ -50,7 +51,7 @@ def _parse(argv):
     p.set_defaults(model="gym", group_size=8)
     p.add_argument("--lam", type=float, default=1.0, help="λ of the weights (1: proportional to relevance)")
     p.add_argument("--relevance", default="js", choices=("js", "kl", "logratio"), help="relevance of a replay")
-    p.add_argument("--out", type=Path, help="JSON record (default runs/bench/gym-precision-<task>.json)")
+    p.add_argument("--out", type=Path, metavar="FILE", help="JSON record (default: runs/bench/gym-precision-<task>.json)")
     return p.parse_args(argv)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from mrtpo.bench import add_sampling_arguments, method_list, sample_and_weigh, write_record
+from mrtpo.cli_help import HelpFormatter
 from mrtpo.credit.lift import char_spans_to_tokens, span_lift, summarise_lifts
 
 DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
@@ -33,11 +34,11 @@ DEFAULT_MAX_NEW_TOKENS = {"instructions": 192, "toolcall": 96, "sql": 64}
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench lift", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="mrtpo bench lift", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     p.add_argument("--task", default="instructions", help="instructions, toolcall, sql or any task with checked_spans")
     add_sampling_arguments(p, prompts=8, max_new_tokens=None, methods=",".join(DEFAULT_METHODS), dtype="bfloat16")
     p.add_argument("--scan", type=int, default=500, help="train examples scanned for prompts with a span")
-    p.add_argument("--out", type=Path, help="JSON record (default runs/bench/lift-<task>.json)")
+    p.add_argument("--out", type=Path, metavar="FILE", help="JSON record (default: runs/bench/lift-<task>.json)")
     return p.parse_args(argv)
 
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mrtpo.bench import write_record
+from mrtpo.cli_help import HelpFormatter
 
 #: Vocabulary sizes of the two preset models: SmolLM2 (49,152) and Qwen2.5 (151,936).
 VOCABS = (49_152, 151_936)
@@ -130,8 +131,10 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mrtpo bench relevance", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/bench/relevance.json"), help="JSON output path")
+    parser = argparse.ArgumentParser(prog="mrtpo bench relevance", description=__doc__.splitlines()[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/relevance.json"), metavar="FILE",
+                        help="JSON record")
     parser.add_argument("--quick", action="store_true", help="smaller shapes, fewer cases")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per case (median)")
     args = parser.parse_args(argv)

@@ -32,11 +32,12 @@ from typing import Any, Callable
 import torch
 
 from mrtpo.bench import add_batch_arguments, write_record
+from mrtpo.cli_help import HelpFormatter
 from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, plan_passes, underlying_model
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench replay", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="mrtpo bench replay", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     add_batch_arguments(p, prompts=4, group_size=8, max_new_tokens=128)  # completions: random tokens of that length
     p.add_argument("--task", default="sql", help="task whose train prompts and evidence make the contexts")
     p.add_argument("--groups-per-pass", type=int, default=0, help="prompt groups per replay pass (0: all)")
@@ -46,7 +47,7 @@ def _parse(argv):
     p.add_argument("--repeats", type=int, default=3, help="timed repeats after one warm-up (the median is reported)")
     p.add_argument("--profile", action="store_true", help="torch.profiler's top ops of one replay")
     p.add_argument("--seed", type=int, default=0, help="seed of the random completion tokens")
-    p.add_argument("--out", type=Path, default=Path("runs/bench/replay.json"))
+    p.add_argument("--out", type=Path, default=Path("runs/bench/replay.json"), metavar="FILE", help="JSON record")
     return p.parse_args(argv)
 
 

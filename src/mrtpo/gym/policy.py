@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import math
 import random
 import shutil
@@ -27,6 +28,8 @@ from typing import Any
 import torch
 
 from mrtpo.gym.vocab import gym_tokenizer
+
+logger = logging.getLogger(__name__)
 
 #: Bump when the demonstrations or the training recipe change, so stale caches are not reused.
 RECIPE_VERSION = 3
@@ -94,7 +97,7 @@ def demonstration_batch(task, tokenizer, rng: random.Random, size: int) -> tuple
     return ids, mask, labels
 
 
-def warm_start(task, spec: PolicySpec, out: Path, log=print) -> dict[str, Any]:
+def warm_start(task, spec: PolicySpec, out: Path, log=logger.info) -> dict[str, Any]:
     """Train ``spec``'s model on the task's demonstrations and save it (with its tokenizer) to ``out``."""
     tokenizer = gym_tokenizer()
     model = build_model(spec, tokenizer)
@@ -141,7 +144,7 @@ def warm_start_dir(task, spec: PolicySpec, cache_dir: str | Path | None = None) 
     return cache_root(cache_dir) / "gym" / f"{task.name}-{digest}"
 
 
-def ensure_warm_start(task, cache_dir: str | Path | None = None, log=print) -> Path:
+def ensure_warm_start(task, cache_dir: str | Path | None = None, log=logger.info) -> Path:
     """The task's warm-start folder, built on first use (one builder at a time, by a file lock)."""
     spec = policy_spec(task)
     entry = warm_start_dir(task, spec, cache_dir)

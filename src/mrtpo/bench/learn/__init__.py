@@ -2,7 +2,7 @@
 
     mrtpo bench learn --task sql                                   # CPU preset, 5 methods x 3 seeds
     mrtpo bench learn --task sql --methods gdpo,mrtpo --seeds 0,1 --max-steps 4 --eval-size 8
-    mrtpo bench learn --task toolcall --preset gpu --out runs/bench/learn-toolcall-gpu
+    mrtpo bench learn --task toolcall --preset gpu --output-dir runs/bench/learn-toolcall-gpu
     mrtpo bench learn --task sql --compare-only                    # rebuild the comparison only
 
 Every run gets the *same* settings: one base config (the preset, then each ``--config``, then the
@@ -21,7 +21,7 @@ greedy decoding (:func:`mrtpo.evaluate.evaluate_model`, deterministic), inside a
 evaluating does not change the training run. Every run starts from the same policy (the same
 base weights; a fresh LoRA adapter adds exactly zero), so the step-0 evaluation is made once per
 benchmark (``start_eval.json``) and copied into the other runs (``--no-share-start-eval``: every
-run evaluates step 0 itself; the tests check both give the same outputs). The benchmark folder (``--out``, default
+run evaluates step 0 itself; the tests check both give the same outputs). The benchmark folder (``--output-dir``, default
 ``runs/bench/learn-<task>``) holds::
 
     bench.json                 what was asked: task, methods, seeds, layers, command, machine

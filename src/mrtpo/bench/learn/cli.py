@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mrtpo.cli_help import HelpFormatter
 from mrtpo.machine import machine_info
 from mrtpo.bench.learn.compare import build_comparison
 from mrtpo.bench.learn.plan import (
@@ -38,31 +39,32 @@ def _parser() -> argparse.ArgumentParser:
                     "one comparison (PNG curves, Markdown + JSON table). Resumable: finished runs are skipped.",
         epilog="Any training key can follow as key=value (e.g. learning_rate=1e-5), except method/seed/task/"
                "output_dir, which the benchmark sets.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--task", required=True, choices=TASK_NAMES)
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated (default {','.join(METHODS)})")
-    p.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comma-separated seeds (default 0,1,2)")
-    p.add_argument("--preset", default="cpu", help="cpu, gpu or a preset YAML file (default cpu)")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated credit methods")
+    p.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comma-separated seeds")
+    p.add_argument("--preset", default="cpu", help="cpu, gpu or a preset YAML file")
     p.add_argument("--config", action="append", default=[], metavar="YAML",
                    help="extra training config applied to every run, after the preset (repeatable)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps per run (overrides the preset)")
-    p.add_argument("--eval-every", type=int, help="evaluate every N steps (also at step 0 and at the end)")
-    p.add_argument("--eval-size", type=int, help="first M examples of the held-out split (0: no evaluation)")
-    p.add_argument("--eval-batch-size", type=int, help="prompts per generate call in evaluation")
-    p.add_argument("--eval-max-new-tokens", type=int, help="generation cap in evaluation (default: the task's)")
-    p.add_argument("--target-reward", type=float, help="target for the steps-to-target table")
-    p.add_argument("--target-key", help="metric the target applies to (default reward: the total; or "
-                                        "rewards/<name>/mean)")
-    p.add_argument("--target-window", type=int, help="trailing mean over this many steps (default 1)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps per run (default: the preset's)")
+    p.add_argument("--eval-every", type=int, help="evaluate every N steps, also at step 0 and at the end (default: the preset's)")
+    p.add_argument("--eval-size", type=int, help="first M examples of the held-out split, 0: no evaluation (default: the preset's)")
+    p.add_argument("--eval-batch-size", type=int, help="prompts per generate call in evaluation (default: the preset's)")
+    p.add_argument("--eval-max-new-tokens", type=int, help="generation cap in evaluation (default: the preset's, else the task's)")
+    p.add_argument("--target-reward", type=float, help="target for the steps-to-target table (default: the preset's)")
+    p.add_argument("--target-key", help="metric the target applies to: reward (the total) or "
+                                        "rewards/<name>/mean (default: the preset's, else reward)")
+    p.add_argument("--target-window", type=int, help="trailing mean over this many steps (default: the preset's, else 1)")
     p.add_argument("--no-share-start-eval", action="store_true",
                    help="evaluate step 0 in every run (default: once per benchmark, copied to the other runs, "
                         "since every run starts from the same policy)")
-    p.add_argument("--out", help="benchmark folder (default runs/bench/learn-<task>)")
+    p.add_argument("--output-dir", "--out", dest="out", metavar="DIR", help="benchmark folder (default: runs/bench/learn-<task>)")
     p.add_argument("--method-setting", action="append", default=[], metavar="METHOD:key=value",
                    help="a setting for one method only, e.g. mrtpo:learning_rate=3e-4 (each method at its own "
                         "best learning rate); repeatable")
     p.add_argument("--jobs", type=int, default=1,
-                   help="runs trained at once, each in its own single-thread process (default 1: one after "
+                   help="runs trained at once, each in its own single-thread process (1: one after "
                         "another in this process). Small models (the gym) are fastest with one process per core")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # "k/N": train every N-th unfinished run from the k-th
     p.add_argument("--compare-only", action="store_true", help="only rebuild the comparison from finished runs")

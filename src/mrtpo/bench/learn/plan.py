@@ -128,7 +128,7 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
 
     for key in CONTROLLED_KEYS:
         if key in overrides or key in varying:
-            raise BenchError(f"{key} is set by the benchmark (use --task/--methods/--seeds/--out), not as {key}=...")
+            raise BenchError(f"{key} is set by the benchmark (use --task/--methods/--seeds/--output-dir), not as {key}=...")
     for path in configs:
         if not Path(path).is_file():
             raise BenchError(f"config file {path} does not exist")
@@ -136,7 +136,7 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
         bad = [k for k in CONTROLLED_KEYS if k in given]
         if bad:
             raise BenchError(f"config {path} sets {', '.join(bad)}, which the benchmark controls per run; remove it "
-                             "(use --task/--methods/--seeds/--out)")
+                             "(use --task/--methods/--seeds/--output-dir)")
     base = {**preset_train, "task": task}
     plans = {}
     for seed in seeds:
@@ -173,7 +173,7 @@ def run_status(plans: Mapping[tuple[str, int], Any], out: Path, eval_settings: M
             differs += settings_diff(saved.get("eval", {}), {k: eval_settings[k] for k in EVAL_KEYS})
             if differs:
                 raise BenchError(f"{done.parent} finished with other settings ({'; '.join(differs[:6])}). "
-                                 "Use another --out, or delete that run folder to redo it.")
+                                 "Use another --output-dir, or delete that run folder to redo it.")
             status[(method, seed)] = "finished"
         else:
             status[(method, seed)] = "partial" if done.parent.exists() else "to do"

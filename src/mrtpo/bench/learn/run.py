@@ -13,6 +13,7 @@ import datetime as _dt
 import gc
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -21,6 +22,8 @@ from typing import Any
 
 from mrtpo.bench.learn.plan import EVAL_KEYS, FINISHED, BenchError, stable_settings
 from mrtpo.bench.learn.stats import finite
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["EvalCallback", "completion_digests", "run_one"]
 
@@ -169,7 +172,7 @@ def _looks_like_run_folder(folder: Path) -> bool:
     return not names or bool(names & {"config.yaml", "metrics.jsonl", "eval.jsonl", "prompts.jsonl"})
 
 
-def run_one(config, eval_settings: dict[str, Any], log=print) -> dict[str, Any]:
+def run_one(config, eval_settings: dict[str, Any], log=logger.info) -> dict[str, Any]:
     """Train one planned (method, seed) run with held-out evaluation; write ``finished.json``.
 
     ``config`` is a :class:`~mrtpo.config.RunConfig` whose ``output_dir`` is the run folder (an
@@ -184,7 +187,7 @@ def run_one(config, eval_settings: dict[str, Any], log=print) -> dict[str, Any]:
     folder = Path(config.args.output_dir)
     if folder.exists():
         if not _looks_like_run_folder(folder):
-            raise BenchError(f"{folder} exists and is not a run folder of this benchmark; move it or choose another --out")
+            raise BenchError(f"{folder} exists and is not a run folder of this benchmark; move it or choose another --output-dir")
         log(f"  {folder.name}: unfinished run found, starting it again from scratch")
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
