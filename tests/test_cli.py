@@ -185,3 +185,19 @@ def test_library_messages_are_logging_the_cli_prints(capsys, caplog):
     logging.getLogger("mrtpo").setLevel(logging.WARNING)
     logger.info("silenced")
     assert capsys.readouterr().out == ""
+
+
+def test_no_library_function_defaults_to_print():
+    """A ``log=print`` default writes to stdout past ``logging``; library defaults log instead."""
+    import ast
+    from pathlib import Path
+
+    import mrtpo
+
+    found = []
+    for path in Path(mrtpo.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defaults = node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+                found += [f"{path.name}:{node.name}" for d in defaults if isinstance(d, ast.Name) and d.id == "print"]
+    assert found == []
