@@ -50,6 +50,22 @@ def test_credit_metric_sums_by_hand():
     assert count == 1 and total in (0.0, 1.0)
 
 
+def test_concentration_and_decile_metrics_by_hand():
+    weights = torch.zeros(2, 1, 10)
+    weights[0, 0, 3] = 4.0             # completion 0 (4 tokens): all weight on its last token
+    weights[1, 0, :10] = 1.0           # completion 1 (10 tokens): uniform
+    relevance = torch.zeros(2, 1, 10)
+    relevance[0, 0, 3] = 0.5           # the last of 4 tokens: position decile 3 * 10 // 4 = 7
+    relevance[1, 0, :10] = 0.2         # one token in each tenth
+    sums = credit_metric_sums(weights, [4, 10], ["a"], relevance=relevance, has_evidence=torch.ones(2, 1, dtype=torch.bool))
+    got = {key: (float(total), int(count)) for key, (total, count) in zip(credit_metric_keys(["a"]), sums)}
+    assert got["credit/a/gini"] == pytest.approx((3 / 4 + 0.0, 2))            # (n - 1) / n, then 0
+    assert got["credit/a/half_weight_share"] == pytest.approx((1 / 4 + 5 / 10, 2))
+    assert got["credit/a/relevance_decile7"] == pytest.approx((1.0 + 0.1, 2))
+    assert got["credit/a/relevance_decile0"] == pytest.approx((0.0 + 0.1, 2))
+    assert sum(got[f"credit/a/relevance_decile{d}"][0] for d in range(10)) == pytest.approx(2.0)
+
+
 def test_credit_metric_sums_skip_empty_completions():
     sums = credit_metric_sums(torch.ones(1, 1, 5), [0], ["a"])
     assert float(sums[:, 1].sum()) == 0
@@ -82,12 +98,22 @@ def _loop_reference(weights, lengths, names, skipped, relevance, has_evidence):
             tops.append(top)
             p = w / w.sum()
             entropy = float(-(p * p.clamp_min(1e-12).log()).sum()) / math.log(n) if n > 1 else 1.0
-            for key, value in ((f"credit/{name}/top10_share", share), (f"credit/{name}/weight_entropy", entropy)):
+            ascending = w.sort().values
+            gini = float(sum((2 * (r + 1) - n - 1) * x for r, x in enumerate(ascending.tolist()))) / (n * float(w.sum()))
+            cumulative = w.sort(descending=True).values.cumsum(0)
+            half = (int((cumulative < 0.5 * w.sum()).sum()) + 1) / n
+            for key, value in ((f"credit/{name}/top10_share", share), (f"credit/{name}/weight_entropy", entropy),
+                               (f"credit/{name}/gini", gini), (f"credit/{name}/half_weight_share", half)):
                 sums[key][0] += value
                 sums[key][1] += 1
             if has_evidence[j, i]:
-                sums[f"credit/{name}/relevance_mean"][0] += float(relevance[j, i, :n].double().mean())
+                r = relevance[j, i, :n].double()
+                sums[f"credit/{name}/relevance_mean"][0] += float(r.mean())
                 sums[f"credit/{name}/relevance_mean"][1] += 1
+                for pos in range(n):
+                    sums[f"credit/{name}/relevance_decile{pos * 10 // n}"][0] += float(r[pos] / r.sum())
+                for d in range(10):
+                    sums[f"credit/{name}/relevance_decile{d}"][1] += 1
         for a in range(len(names)):
             for c in range(a + 1, len(names)):
                 if tops[a] is not None and tops[c] is not None:

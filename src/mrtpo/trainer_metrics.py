@@ -97,9 +97,14 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+#: Per reward: the share of its relevance mass in each tenth of the response (by position).
+DECILE_KEYS = tuple(f"relevance_decile{d}" for d in range(10))
+
+
 def credit_metric_keys(names: Sequence[str]) -> list[str]:
     """The credit metric keys for rewards ``names``, in the order :func:`credit_metric_sums` fills them."""
-    keys = [f"credit/{n}/{m}" for n in names for m in ("top10_share", "weight_entropy", "relevance_mean")]
+    keys = [f"credit/{n}/{m}" for n in names for m in ("top10_share", "weight_entropy", "relevance_mean", "gini",
+                                                         "half_weight_share", *DECILE_KEYS)]
     keys += [f"credit/top10_overlap/{names[a]}~{names[c]}" for a in range(len(names)) for c in range(a + 1, len(names))]
     return keys
 
@@ -114,8 +119,10 @@ def credit_metric_sums(weights: Tensor, lengths: Sequence[int], names: Sequence[
     coefficient): their uniform weights say nothing about where credit went, so they are left out.
     ``relevance`` ``(B, K, T)`` with ``has_evidence`` ``(B, K)`` adds each reward's mean relevance.
     Per completion and reward: the share of weight on its top 10 % of tokens, the normalised
-    entropy of its weights (1 = uniform), and for each pair of rewards the Jaccard overlap of
-    their top-10 % token sets.
+    entropy of its weights (1 = uniform), their Gini coefficient (0 = uniform, (n − 1)/n = one
+    token), the smallest share of tokens carrying half the weight (about 0.5 = uniform), and, where
+    a map was computed, the share of its relevance in each tenth of the response; for each pair of
+    rewards the Jaccard overlap of their top-10 % token sets.
     """
     keys = credit_metric_keys(names)
     index = {key: i for i, key in enumerate(keys)}
@@ -138,6 +145,16 @@ def credit_metric_sums(weights: Tensor, lengths: Sequence[int], names: Sequence[
     entropy = -(p * p.clamp_min(1e-12).log()).masked_fill(~valid, 0.0).sum(-1)
     entropy = torch.where(n.view(-1, 1) > 1, entropy / n.double().clamp_min(2).log().view(-1, 1), 1.0)
 
+    ascending = w.masked_fill(~valid, -math.inf).sort(dim=-1).values.clamp_min(0)  # the padding first, as 0
+    rank = torch.arange(1, t + 1) - (t - n).view(-1, 1, 1)  # 1..n on a response's own tokens
+    coefficient = torch.where(rank >= 1, 2 * rank - n.view(-1, 1, 1) - 1, 0).double()
+    gini = (coefficient * ascending).sum(-1) / (n.view(-1, 1).double().clamp_min(1) * total.clamp_min(1e-300))
+    descending = w.gather(-1, order).cumsum(-1)
+    carrying = ((descending < 0.5 * total.unsqueeze(-1)) & valid).sum(-1) + 1
+    half_share = carrying.double() / n.view(-1, 1).clamp_min(1)
+    decile = (torch.arange(t) * 10 // n.clamp_min(1).view(-1, 1)).clamp_max(9)  # (B, T)
+    in_decile = torch.nn.functional.one_hot(decile, 10).double() * valid[:, 0].unsqueeze(-1)  # (B, T, 10)
+
     def add(key: str, values: Tensor, where: Tensor) -> None:
         sums[index[key], 0] += values[where].sum()
         sums[index[key], 1] += where.sum()
@@ -145,9 +162,17 @@ def credit_metric_sums(weights: Tensor, lengths: Sequence[int], names: Sequence[
     for i, name in enumerate(names):
         add(f"credit/{name}/top10_share", share[:, i], counted[:, i])
         add(f"credit/{name}/weight_entropy", entropy[:, i], counted[:, i])
+        positive = counted[:, i] & (total[:, i] > 0)
+        add(f"credit/{name}/gini", gini[:, i], positive)
+        add(f"credit/{name}/half_weight_share", half_share[:, i], positive)
         if relevance is not None and has_evidence is not None:
-            mean = relevance[:, i].detach().double().masked_fill(~valid[:, 0], 0.0).sum(-1) / n.clamp_min(1)
-            add(f"credit/{name}/relevance_mean", mean, counted[:, i] & has_evidence[:, i].bool())
+            r = relevance[:, i].detach().double().masked_fill(~valid[:, 0], 0.0)  # (B, T)
+            mapped = counted[:, i] & has_evidence[:, i].bool()
+            add(f"credit/{name}/relevance_mean", r.sum(-1) / n.clamp_min(1), mapped)
+            mass = torch.einsum("bt,btd->bd", r, in_decile)  # (B, 10)
+            mass_share = mass / mass.sum(-1, keepdim=True).clamp_min(1e-300)
+            for d, key in enumerate(DECILE_KEYS):
+                add(f"credit/{name}/{key}", mass_share[:, d], mapped & (r.sum(-1) > 0))
     for a in range(k):
         for c in range(a + 1, k):
             both = counted[:, a] & counted[:, c]
@@ -176,4 +201,4 @@ def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[st
 
 
 __all__ = ["MetricsJSONL", "append_jsonl", "credit_metric_keys", "credit_metric_sums", "credit_sample", "json_line",
-           "peak_memory_gib", "trim_jsonl"]
+           "peak_memory_gib", "trim_jsonl", "DECILE_KEYS"]
