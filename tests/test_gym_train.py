@@ -65,6 +65,11 @@ def test_gym_trains_through_the_cli_and_its_rewards_rescore(gym_env, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "rewards/c1/mean" in s] == [1, 2]
+    assert sum("clip_ratio/region_mean" in s for s in steps) == 2
+    for s in steps:  # one policy update per generation batch: TRL's ratio is exactly 1, so nothing is clipped
+        if "clip_ratio/region_mean" in s:
+            assert s["clip_ratio/region_mean"] == 0 and s["clip_ratio/low_mean"] == 0 and s["clip_ratio/high_mean"] == 0
+            assert s["grad_norm"] > 0  # the norm before clipping (max_grad_norm clips above it)
     task = get_task("gym-constraints")
     examples = {e.id: e for e in task.load("train")}
     samples = [json.loads(line) for line in (out / "credit_samples.jsonl").read_text().splitlines()]
