@@ -207,3 +207,25 @@ def test_controls_move_credit_like_mrtpo_without_creating_it(control):
     expected = token_advantages(batch.rewards, batch.group_size, method.weights(batch, config), batch.mask)
     torch.testing.assert_close(adv, expected)
     assert not torch.allclose(adv, compute_advantages("mrtpo", batch, config))
+
+
+def test_gdpo_cancels_on_a_constant_sum_group_and_mrtpo_does_not():
+    """Two equally weighted rewards that trade off inside each group (r1 + r2 constant): their group-
+    normalised advantages are negatives of each other, so GDPO's summed advantage is exactly 0 for
+    every completion; MRTPO puts the two signs on each reward's own tokens, which need not cancel."""
+    r1 = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    rewards = torch.stack([r1, 1.0 - r1], dim=1)  # (8, 2), two groups of 4
+    t = 6
+    mask = torch.ones(8, t)
+    relevance = torch.zeros(8, 2, t)
+    relevance[:, 0, :3] = 1.0   # reward 1 reads the first half of each response
+    relevance[:, 1, 3:] = 1.0   # reward 2 the second half
+    batch = CreditBatch(rewards=rewards, group_size=4, mask=mask, relevance=relevance, has_evidence=[True, True])
+    gdpo = compute_advantages("gdpo", batch)
+    assert torch.count_nonzero(gdpo) == 0
+    mrtpo = compute_advantages("mrtpo", batch)
+    assert mrtpo.abs().min() > 0.5  # every token credited, with the sign of the reward that reads it
+    first, second = mrtpo[:, :3], mrtpo[:, 3:]
+    assert torch.all(torch.sign(first) == torch.sign(r1 - 0.5).unsqueeze(1))
+    assert torch.all(torch.sign(second) == -torch.sign(r1 - 0.5).unsqueeze(1))
+    torch.testing.assert_close(masked_mean(mrtpo, mask), torch.zeros(8), atol=1e-5, rtol=0)  # still no net credit
