@@ -14,7 +14,7 @@ from mrtpo.counterfactual import remove_span
 from mrtpo.tasks import get_task
 from mrtpo.verifiers import Example
 
-GYM = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap")
+GYM = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
 
 
 def _constraints_example(clauses):
@@ -140,3 +140,33 @@ def test_checked_spans_are_the_relevant_words():
     text = "fig owl tan"
     # the length rule's position is the end-of-turn token, which has no characters
     assert task.checked_spans(ex, text) == [("c1", "gym-constraints/c1", [(4, 7)])]
+
+
+def test_tradeoff_prompts_ask_for_a_first_and_a_last_word():
+    task = get_task("gym-tradeoff")
+    assert [v.name for v in task.verifiers()] == ["c1", "c2"]
+    for ex in task.load("train", 30):
+        kinds = sorted(c["kind"] for c in ex.gold["clauses"])
+        assert kinds == ["end", "start"]
+        words = ex.gold["topic"] * 4
+        truth = task.relevant_positions(ex, words)
+        assert sorted(truth.values()) == [[0], [len(words) - 1]]  # disjoint spans: the first and the last word
+
+
+def test_tradeoff_demonstrator_meets_one_rule_at_a_time():
+    """With both rules visible, a demonstration meets exactly one of them 90 % of the time and both
+    10 %: the sum of the two rewards is nearly constant, the shape where GDPO's advantages cancel."""
+    from mrtpo.gym.task import TRADEOFF_BOTH
+
+    task = get_task("gym-tradeoff")
+    rng = random.Random(1)
+    met = []
+    for ex in task.load("train", 600):
+        messages, words = task.demonstration(ex, rng)
+        if messages != ex.messages:  # a rule was hidden: the demonstrator ignored it
+            continue
+        met.append(tuple(v(" ".join(words), ex) for v in task.verifiers()))
+    both = sum(m == (1.0, 1.0) for m in met) / len(met)
+    one = sum(sum(m) == 1.0 for m in met) / len(met)
+    assert len(met) > 300 and abs(both - TRADEOFF_BOTH) < 0.05 and both + one == pytest.approx(1.0)
+    assert 0.35 < sum(m[0] for m in met) / len(met) < 0.65  # each rule about half the time

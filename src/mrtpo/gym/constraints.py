@@ -212,8 +212,10 @@ def _met(clause: dict, words: Words) -> bool:
     return satisfied(clause["kind"], clause["args"], words)
 
 
-def demonstrate(example: Example, rng: random.Random, p_follow: float, visible: list[bool] | None = None) -> Words:
-    """The noisy demonstrator: each visible clause followed with probability ``p_follow``, else broken.
+def demonstrate(example: Example, rng: random.Random, p_follow: float, visible: list[bool] | None = None,
+                follow: list[bool] | None = None) -> Words:
+    """The noisy demonstrator: each visible clause followed with probability ``p_follow``, else broken
+    (``follow``: which to follow, given instead).
 
     Clauses missing from the prompt (``visible`` False: a warm-start prompt without that clause)
     are ignored, as a writer who never read them would. Rejection sampling makes the realised
@@ -221,7 +223,7 @@ def demonstrate(example: Example, rng: random.Random, p_follow: float, visible: 
     """
     clauses = example.gold["clauses"]
     visible = visible or [True] * len(clauses)
-    follow = [rng.random() < p_follow for _ in clauses]
+    follow = follow if follow is not None else [rng.random() < p_follow for _ in clauses]
     words: Words = []
     for _ in range(50):
         words = _draft(example, follow, visible, rng)

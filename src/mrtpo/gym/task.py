@@ -1,5 +1,5 @@
 """The gym tasks, registered like the real ones: ``gym-constraints``, ``gym-answer``, ``gym-call``,
-``gym-overlap`` (the control).
+``gym-overlap`` (the control) and ``gym-tradeoff`` (rewards that trade off inside a response).
 
 Each task generates its train and held-out prompts from a seed (held-out prompts from another
 stream), names its rewards (verifiers with evidence), scores held-out outputs, reports each
@@ -153,10 +153,13 @@ class GymTask:
         return out
 
     def policy(self, dtype=None):
-        """``(model, tokenizer)``: this task's warm-started tiny policy (built and cached on first use)."""
+        """``(model, tokenizer)``: this task's warm-started tiny policy: the shipped one where its settings
+        are shipped (:mod:`mrtpo.gym.shipped`), else built and cached on first use."""
         from mrtpo.gym.policy import load_warm_start
+        from mrtpo.gym.shipped import load_shipped, shipped_policy
 
-        return load_warm_start(self, dtype=dtype)
+        folder = shipped_policy(self)
+        return load_shipped(folder, dtype) if folder is not None else load_warm_start(self, dtype=dtype)
 
     def _reference(self, messages: list[dict], text: str) -> list[dict]:
         return append_privileged(messages, text, self.settings.privileged_header)
@@ -257,7 +260,53 @@ class CallTask(GymTask):
         return messages, words
 
 
-GYM_TASKS = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap")
+@register_task("gym-tradeoff")
+class TradeoffTask(ConstraintsTask):
+    """The conflict shape: two rules on disjoint tokens (``start with W``: the first word; ``end with Z``:
+    the last) that the demonstrator, and so the warm-started policy, mostly meets one at a time.
 
-__all__ = ["GYM_TASKS", "HELDOUT_METRICS", "SPLITS", "AnswerTask", "CallTask", "ConstraintsTask", "GymSettings",
-           "GymTask", "OverlapTask"]
+    A demonstration meets both rules with probability :data:`TRADEOFF_BOTH` and exactly one otherwise
+    (each half the time), so most sampled groups have ``c1 + c2`` constant: GDPO's two normalised
+    advantages are then negatives of each other and sum to 0 for every completion, while per-reward
+    token credit still pushes the first word toward ``W`` and the last toward ``Z``. Nothing in the task
+    stops a response from meeting both: the trade-off is the starting policy's, for RL to undo.
+    """
+
+    name = "gym-tradeoff"
+    warm_start_steps = 1000
+
+    def _make_verifiers(self):
+        return constraints.verifiers(2)
+
+    def cache_key(self):
+        return GymTask.cache_key(self)
+
+    def reward_kind(self, example, name):
+        return example.gold["clauses"][int(name[1:]) - 1]["kind"]
+
+    def warm_example(self, rng):
+        return self._make_example(rng, "warm", "warm")
+
+    def _make_example(self, rng, example_id, split):
+        return constraints.make_example(rng, example_id, split, num_clauses=2, length=self.settings.length,
+                                        kinds=TRADEOFF_KINDS)
+
+    def demonstration(self, example, rng):
+        hidden = [False, False]
+        if rng.random() < 0.3:
+            hidden[rng.randrange(2)] = True
+        one = rng.randrange(2)
+        follow = [True, True] if rng.random() < TRADEOFF_BOTH else [i == one for i in range(2)]
+        words = constraints.demonstrate(example, rng, self.settings.p_follow, visible=[not h for h in hidden],
+                                        follow=follow)
+        return constraints.without_clauses(example, hidden), words
+
+
+#: The trade-off family's two rules and the demonstrator's chance of meeting both.
+TRADEOFF_KINDS = ("start", "end")
+TRADEOFF_BOTH = 0.1
+
+GYM_TASKS = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
+
+__all__ = ["GYM_TASKS", "HELDOUT_METRICS", "SPLITS", "TRADEOFF_BOTH", "TRADEOFF_KINDS", "AnswerTask", "CallTask",
+           "ConstraintsTask", "GymSettings", "GymTask", "OverlapTask", "TradeoffTask"]

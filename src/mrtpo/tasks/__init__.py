@@ -49,6 +49,7 @@ _BUILTIN_MODULES: dict[str, str] = {
     "gym-answer": "mrtpo.gym.task",
     "gym-call": "mrtpo.gym.task",
     "gym-overlap": "mrtpo.gym.task",
+    "gym-tradeoff": "mrtpo.gym.task",
 }
 #: Names of the built-in tasks (the real benchmarks, then the credit gym's synthetic families).
 TASK_NAMES: tuple[str, ...] = tuple(_BUILTIN_MODULES)
