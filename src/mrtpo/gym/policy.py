@@ -139,7 +139,10 @@ def warm_start_dir(task, spec: PolicySpec, cache_dir: str | Path | None = None) 
     """Cache folder of a task's warm start: ``<model cache>/gym/<task>-<hash of settings and spec>``."""
     from mrtpo.models import cache_root
 
-    key = json.dumps({"task": task.cache_key(), "spec": asdict(spec), "recipe": RECIPE_VERSION}, sort_keys=True)
+    # the task's settings but its ``policy`` overrides, which ``spec`` holds resolved: ``policy={seed: 0}``
+    # and no override name the same warm start
+    settings = {k: v for k, v in task.cache_key().items() if k != "policy"}
+    key = json.dumps({"task": settings, "spec": asdict(spec), "recipe": RECIPE_VERSION}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_root(cache_dir) / "gym" / f"{task.name}-{digest}"
 
