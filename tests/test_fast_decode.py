@@ -112,6 +112,17 @@ def test_supported_only_for_plain_temperature_sampling():
     assert not fast_sampling_supported(model, _config())  # the decode step has no attention dropout
 
 
+def test_larger_models_keep_generate(monkeypatch):
+    import mrtpo.fast_decode as fast_decode
+
+    model, _ = tiny_policy()
+    size = sum(p.numel() for p in model.parameters())
+    monkeypatch.setattr(fast_decode, "MAX_PARAMETERS", size)
+    assert fast_sampling_supported(model, _config())
+    monkeypatch.setattr(fast_decode, "MAX_PARAMETERS", size - 1)
+    assert not fast_sampling_supported(model, _config())
+
+
 def test_trainer_samples_through_the_decode_loop(tmp_path):
     """A trainer step with ``fast_generation`` (the default) makes one model forward for sampling,
     the prefill of the 2 distinct prompts of its 6-row batch, and no per-token forward; with it off,
