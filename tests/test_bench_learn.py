@@ -165,7 +165,13 @@ def test_comparison_files_cover_every_method_and_seed(bench):
     diffs = [final[("mrtpo", s)] - final[("gdpo", s)] for s in SEEDS]
     total = paired["by_method"]["mrtpo"]["reward"]
     assert total["n"] == 2 and total["mean_difference"] == pytest.approx(sum(diffs) / 2)
-    assert set(paired["by_method"]["mrtpo"]) == {"reward", "heldout/execution_accuracy", "steps_to_target"}
+    assert set(paired["by_method"]["mrtpo"]) == {"reward", "reward_at_equal_time", "heldout/execution_accuracy",
+                                                 "steps_to_target"}
+    for r in result["runs"]:  # equal seconds: gdpo's budget is its own whole run, so its value is its final
+        times = [x["step_time"] for x in _jsonl(bench / f"gdpo-seed{r['seed']}" / "metrics.jsonl") if "loss" in x]
+        assert r["equal_time"]["budget_s"] == pytest.approx(sum(times))
+        if r["method"] == "gdpo":
+            assert r["equal_time"]["step"] == 2 and r["equal_time"]["value"] == r["final"]["reward"]
     assert paired["by_method"]["mrtpo"]["steps_to_target"]["n"] == 0  # no seed reached 1000
     assert "## Paired against gdpo, seed by seed" in md and "## Means with 95% confidence intervals" in md
 

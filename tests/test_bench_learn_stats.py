@@ -1,7 +1,10 @@
 """``mrtpo.bench.learn.stats``: steps to target, curves over seeds, confidence intervals and paired
-tests, on hand-made records and hand-computed values (closed forms of Student's t for 1 and 2
-degrees of freedom, printed t tables), cross-checked against scipy's own tests."""
+tests, the two-level interval over policies and seeds and the value at equal training seconds, on
+hand-made records and hand-computed values (closed forms of Student's t for 1 and 2 degrees of
+freedom, printed t tables, an exhaustively enumerated bootstrap), cross-checked against scipy's
+own tests."""
 
+import itertools
 import math
 
 import numpy as np
@@ -17,6 +20,9 @@ from mrtpo.bench.learn.stats import (
     summarise_steps_to_target,
     t_quantile,
     tail_mean,
+    training_seconds,
+    two_level_interval,
+    value_at_seconds,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -156,3 +162,68 @@ def test_paired_comparison_agrees_with_scipy(seed):
     perm = stats.permutation_test((meth, ref), lambda x, y: np.mean(x - y), permutation_type="samples",
                                   alternative="two-sided", n_resamples=10_000)  # 2^6 = 64 < n: exact
     assert c["p_sign_flip"] == pytest.approx(perm.pvalue)
+
+
+# --------------------------------------------------------------------------------------------
+# Two levels: policies, then seeds within each policy.
+# --------------------------------------------------------------------------------------------
+TABLE = {"A": [1.0, 2.0, 3.0], "B": [0.0, 0.5, 1.0]}  # paired differences, 2 policies x 3 seeds
+
+
+def test_two_level_interval_by_hand():
+    c = two_level_interval({**TABLE, "C": [float("nan")]})  # a policy without a finite pair is left out
+    assert c["policies"] == ["A", "B"] and (c["n_policies"], c["n_pairs"], c["positive"]) == (2, 6, 5)
+    assert c["per_policy_mean"] == {"A": 2.0, "B": 0.5} and c["mean"] == 1.25
+    between = 1.5 / math.sqrt(2)  # sample std of (2, 0.5)
+    assert c["between_policy_std"] == pytest.approx(between)
+    assert c["within_policy_std"] == pytest.approx(math.sqrt((2 + 0.5) / 4))  # SS 2 and 0.5 over 2 + 2 df
+    t975 = math.tan(math.pi * 0.475)  # t(0.975, 1) in closed form: 12.706...
+    half = t975 * between / math.sqrt(2)
+    assert c["ci95_t"] == pytest.approx([1.25 - half, 1.25 + half]) and c["df"] == 1
+    t = 1.25 / (between / math.sqrt(2))
+    assert c["t"] == pytest.approx(5 / 3) and c["p_value"] == pytest.approx(1 - 2 / math.pi * math.atan(t))
+
+
+def test_two_level_bootstrap_matches_the_enumerated_bootstrap_and_is_reproducible():
+    c = two_level_interval(TABLE)
+    # Every outcome of the two-stage bootstrap, equally likely: 2 slots x (a policy, then 3 of its seeds).
+    outcomes = sorted((sum(a) / 3 + sum(b) / 3) / 2
+                      for first, second in itertools.product(TABLE.values(), repeat=2)
+                      for a in itertools.product(first, repeat=3) for b in itertools.product(second, repeat=3))
+    exact = np.quantile(outcomes, [0.025, 0.975])
+    low, high = c["ci95_bootstrap"]
+    assert low < 1.25 < high and (low, high) == pytest.approx(exact, abs=0.08)  # support steps are 1/12
+    assert two_level_interval(TABLE)["ci95_bootstrap"] == c["ci95_bootstrap"]  # fixed RNG seed
+    # No seed noise: the bootstrap only draws policies, means 2 / 1.25 / 1.25 / 0.5 with 1/4 each.
+    flat = two_level_interval({"A": [2.0, 2.0], "B": [0.5, 0.5]})
+    assert flat["ci95_bootstrap"] == [0.5, 2.0] and flat["within_policy_std"] == 0.0
+
+
+def test_two_level_interval_needs_two_policies_and_a_spread():
+    one = two_level_interval({"A": [1.0, 2.0, 3.0]})
+    assert one["mean"] == 2.0 and one["within_policy_std"] == pytest.approx(1.0)
+    assert one["ci95_t"] is None and one["ci95_bootstrap"] is None and one["between_policy_std"] is None
+    same = two_level_interval({"A": [1.0], "B": [1.0]})
+    assert same["between_policy_std"] == 0.0 and same["t"] is None and same["within_policy_std"] is None
+
+
+# --------------------------------------------------------------------------------------------
+# Equal wall-clock: a run's value after a number of training seconds.
+# --------------------------------------------------------------------------------------------
+TIMED = [{"step": s, "step_time": float(s), "reward": 10.0 * s} for s in (1, 2, 3, 4)]  # cumulative 1, 3, 6, 10 s
+
+
+def test_value_at_seconds_takes_the_last_step_within_the_budget():
+    assert training_seconds(TIMED) == ([1, 2, 3, 4], [1.0, 3.0, 6.0, 10.0])
+    at = value_at_seconds(TIMED, "reward", 7.0, tail=2)
+    assert at == {"step": 3, "seconds": 6.0, "value": 25.0, "ran_out": False}  # mean of steps 2 and 3
+    assert value_at_seconds(TIMED, "reward", 10.0, tail=1) == {"step": 4, "seconds": 10.0, "value": 40.0,
+                                                               "ran_out": False}  # exactly its own length
+    assert value_at_seconds(TIMED, "reward", 50.0, tail=1)["ran_out"] is True  # ended before the budget
+    assert value_at_seconds(TIMED, "reward", 0.5, tail=1) is None  # not even one step
+
+
+def test_without_a_time_for_every_step_there_is_no_equal_time_value():
+    gap = [r for r in TIMED if r["step"] != 2]  # logging_steps > 1: step 2's time is unknown
+    assert training_seconds(gap) is None and value_at_seconds(gap, "reward", 5.0, 1) is None
+    assert training_seconds([{"step": 1, "reward": 1.0}]) is None

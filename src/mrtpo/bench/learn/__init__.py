@@ -4,6 +4,7 @@
     mrtpo bench learn --task sql --methods gdpo,mrtpo --seeds 0,1 --max-steps 4 --eval-size 8
     mrtpo bench learn --task toolcall --preset gpu --output-dir runs/bench/learn-toolcall-gpu
     mrtpo bench learn --task sql --compare-only                    # rebuild the comparison only
+    mrtpo bench learn --task gym-call --preset gym --policies 0,1,2 --seeds 0,1,2,3,4   # policies x seeds
 
 Every run gets the *same* settings: one base config (the preset, then each ``--config``, then the
 flags and ``key=value`` overrides) in which only ``method`` differs between methods and only
@@ -27,6 +28,9 @@ run evaluates step 0 itself; the tests check both give the same outputs). The be
     bench.json                 what was asked: task, methods, seeds, layers, command, machine
     <method>-seed<s>/          one run: config.yaml, metrics.jsonl, credit_samples.jsonl, eval.jsonl,
                                eval_outputs.jsonl, prompts.jsonl, report.*, finished.json
+                               (``<method>-policy<p>-seed<s>/`` with ``--policies``: gym tasks, each
+                               run on warm-started policy p, paired by (policy, seed), the effect's
+                               interval over both levels)
     comparison.json / .md      the table: per reward, total and completion length (mean over the
                                last steps of each run, mean +- std over seeds), held-out metric at
                                the start and the end, steps to reach the target reward, 95% CIs
@@ -84,6 +88,8 @@ from mrtpo.bench.learn.stats import (  # noqa: E402
     sign_flip_p_value,
     steps_to_target,
     summarise_steps_to_target,
+    two_level_interval,
+    value_at_seconds,
 )
 
 __all__ = [
@@ -108,4 +114,6 @@ __all__ = [
     "sign_flip_p_value",
     "steps_to_target",
     "summarise_steps_to_target",
+    "two_level_interval",
+    "value_at_seconds",
 ]

@@ -23,6 +23,7 @@ from mrtpo.bench.learn.plan import (
     resolve_preset,
     run_dir,
     run_status,
+    start_eval_file,
 )
 from mrtpo.bench.learn.report import fmt_mean_std
 from mrtpo.bench.learn.run import run_one
@@ -44,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, choices=TASK_NAMES)
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated credit methods")
     p.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comma-separated seeds")
+    p.add_argument("--policies", help="gym tasks: comma-separated warm-start seeds (task_args policy.seed); every "
+                                      "method x policy x seed is trained and the effect's interval covers both "
+                                      "levels (default: the task's default policy only)")
     p.add_argument("--preset", default="cpu", help="cpu, gpu or a preset YAML file")
     p.add_argument("--config", action="append", default=[], metavar="YAML",
                    help="extra training config applied to every run, after the preset (repeatable)")
@@ -122,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _where(seed: int, policy: int | None) -> str:
+    """``seed 3`` or ``policy 1 seed 3``: a run's place in the printed plan and progress."""
+    return f"seed {seed}" if policy is None else f"policy {policy} seed {seed}"
+
+
 def _header(argv: list[str], preset: Path, config, settings: dict[str, Any]) -> dict[str, str]:
     """What the comparison's header says: the command, when, where, the model and the settings."""
     run, args = config.run, config.args
@@ -189,6 +198,7 @@ def _main(ns, argv: list[str]) -> int:
     if unknown:
         raise BenchError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(available_methods())}")
     seeds = _list(ns.seeds, int, "seeds")
+    policies = None if ns.policies is None else _list(ns.policies, int, "policies")
     preset = resolve_preset(ns.preset)
     preset_train, bench = read_preset(preset, ns.task)
     settings = _bench_settings(ns, bench, ns.task)
@@ -209,7 +219,7 @@ def _main(ns, argv: list[str]) -> int:
         except ConfigError as exc:
             raise BenchError(str(exc)) from None
     plans = plan_configs(ns.task, methods, seeds, preset_train, str(preset), ns.config, overrides, out,
-                         method_settings)
+                         method_settings, policies)
     header = _header(argv, preset, next(iter(plans.values())), settings)
     if method_settings:
         header["settings"] += "; per method: " + "; ".join(
@@ -221,20 +231,21 @@ def _main(ns, argv: list[str]) -> int:
     def compare() -> dict[str, Any]:
         return build_comparison(out, ns.task, methods, seeds, target=settings["target_reward"],
                                 target_key=settings["target_key"], target_window=settings["target_window"],
-                                tail=settings["tail"], header=header)
+                                tail=settings["tail"], header=header, policies=policies)
 
     status = run_status(plans, out, settings)
     print(f"mrtpo bench learn · task {ns.task} · {header['model']} · {header['settings']} · output {out}", flush=True)
-    for (method, seed), st in status.items():
-        print(f"  {method:<9} seed {seed}: {st}")
+    for (method, policy, seed), st in status.items():
+        print(f"  {method:<9} {_where(seed, policy)}: {st}")
     if ns.dry_run:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     if not ns.compare_only:
         if not ns.worker:  # the parent's command is the one to keep
-            (out / "bench.json").write_text(json.dumps({**header, "task": ns.task, "methods": methods, "seeds": seeds,
-                                                        "configs": ns.config, "overrides": overrides, "bench": settings},
-                                                       indent=1, default=str) + "\n")
+            request = {**header, "task": ns.task, "methods": methods, "seeds": seeds,
+                       **({"policies": policies} if policies is not None else {}),
+                       "configs": ns.config, "overrides": overrides, "bench": settings}
+            (out / "bench.json").write_text(json.dumps(request, indent=1, default=str) + "\n")
         todo = [key for key, st in status.items() if st != "finished"]
         if ns.jobs > 1 and len(todo) > 1:
             _run_workers(argv, min(ns.jobs, len(todo)))
@@ -242,13 +253,14 @@ def _main(ns, argv: list[str]) -> int:
         elif ns.worker:
             k, n = (int(x) for x in ns.worker.split("/"))
             todo = todo[k::n]
-        for i, (method, seed) in enumerate(todo, 1):
-            print(f"[{i}/{len(todo)}] {method} seed {seed} -> {run_dir(out, method, seed)}", flush=True)
+        for i, (method, policy, seed) in enumerate(todo, 1):
+            name = f"{method} {_where(seed, policy)}"
+            print(f"[{i}/{len(todo)}] {name} -> {run_dir(out, method, seed, policy)}", flush=True)
             try:
-                info = run_one(plans[(method, seed)], settings)
+                info = run_one(plans[(method, policy, seed)], settings, start_eval=start_eval_file(policy))
             except (ConfigError, ModelLoadError) as exc:
                 raise BenchError(str(exc)) from None
-            print(f"[{i}/{len(todo)}] {method} seed {seed}: {info['steps']} steps, train {info['train_s']:.0f} s, "
+            print(f"[{i}/{len(todo)}] {name}: {info['steps']} steps, train {info['train_s']:.0f} s, "
                   f"eval {info['eval_s']:.0f} s", flush=True)
             if not ns.worker:  # workers leave the comparison to their parent
                 compare()

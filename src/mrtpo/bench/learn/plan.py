@@ -1,9 +1,11 @@
-"""Planning a learning benchmark: presets, one config per (method, seed) from one base, and which
-runs are finished, partial or still to do.
+"""Planning a learning benchmark: presets, one config per (method, policy, seed) from one base, and
+which runs are finished, partial or still to do.
 
 Every run gets the *same* settings: the preset, then each ``--config``, then the flags and
-``key=value`` overrides; only ``method`` differs between methods and only ``seed`` between seed
-indices (:func:`plan_configs` checks it).
+``key=value`` overrides; only ``method`` differs between methods, only ``seed`` between seed
+indices and, with ``--policies`` on a gym task, only ``task_args.policy.seed`` (the warm-started
+policy) between policies (:func:`plan_configs` checks it). A run is keyed ``(method, policy,
+seed)``; ``policy`` is None without ``--policies`` (the task's default policy, today's folders).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ __all__ = [
     "read_preset",
     "resolve_preset",
     "run_dir",
+    "run_label",
+    "start_eval_file",
     "run_status",
     "settings_diff",
     "stable_settings",
@@ -94,9 +98,41 @@ def read_preset(path: str | os.PathLike, task: str) -> tuple[dict[str, Any], dic
     return train, bench
 
 
-def run_dir(out: Path, method: str, seed: int) -> Path:
-    """The folder of one run: ``<out>/<method>-seed<seed>``."""
-    return Path(out) / f"{method}-seed{seed}"
+def run_label(seed: int, policy: int | None = None) -> str:
+    """``seed<S>``, or ``policy<P>-seed<S>`` for a run on warm-started policy ``P``."""
+    return f"seed{seed}" if policy is None else f"policy{policy}-seed{seed}"
+
+
+def run_dir(out: Path, method: str, seed: int, policy: int | None = None) -> Path:
+    """The folder of one run: ``<out>/<method>-seed<S>`` (``<method>-policy<P>-seed<S>`` with a policy)."""
+    return Path(out) / f"{method}-{run_label(seed, policy)}"
+
+
+def start_eval_file(policy: int | None = None) -> str:
+    """The shared step-0 evaluation's file name: one per starting policy (runs on another policy
+    start elsewhere, so they cannot share it)."""
+    return "start_eval.json" if policy is None else f"start_eval-policy{policy}.json"
+
+
+def _without_policy_seed(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` without ``task_args.policy.seed``: the one key runs on different policies may differ in."""
+    task_args = dict(settings.get("task_args") or {})
+    policy = {k: v for k, v in (task_args.pop("policy", None) or {}).items() if k != "seed"}
+    return {**settings, "task_args": {**task_args, **({"policy": policy} if policy else {})}}
+
+
+def _policy_task_args(task: str, task_args: Mapping[str, Any], policy: int) -> dict[str, Any]:
+    """``task_args`` with ``policy.seed = policy`` merged in (its other keys kept); refuses a task
+    without a warm-started policy and a policy seed already set by hand."""
+    from mrtpo.tasks import get_task
+
+    if not hasattr(get_task(task), "policy"):
+        raise BenchError(f"--policies picks the gym's warm-started policy (task_args.policy.seed); task {task!r} "
+                         "has none: use a gym-* task")
+    given = dict(task_args.get("policy") or {})
+    if "seed" in given:
+        raise BenchError("task_args sets policy.seed, which --policies sets per run; remove it")
+    return {**task_args, "policy": {**given, "seed": policy}}
 
 
 def stable_settings(config) -> dict[str, Any]:
@@ -113,11 +149,15 @@ def settings_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset_train: dict[str, Any],
                  preset_source: str, configs: Sequence[str], overrides: dict[str, Any], out: Path,
-                 method_settings: Mapping[str, dict[str, Any]] | None = None):
-    """``{(method, seed): RunConfig}``, built from one base; checks that only method/seed/folder differ.
+                 method_settings: Mapping[str, dict[str, Any]] | None = None,
+                 policies: Sequence[int] | None = None):
+    """``{(method, policy, seed): RunConfig}``, built from one base; checks that only method, seed,
+    folder and the policy seed differ.
 
     ``method_settings`` (``{method: {key: value}}``) gives one method its own value of a setting, e.g.
     its best learning rate from a sweep; those keys may then differ between methods, nothing else.
+    ``policies`` (gym tasks only): warm-start seeds, each merged into the runs' ``task_args`` as
+    ``policy.seed``; None plans every run on the task's default policy (key ``policy`` None).
     """
     method_settings = dict(method_settings or {})
     unknown = sorted(set(method_settings) - set(methods))
@@ -137,36 +177,47 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
         if bad:
             raise BenchError(f"config {path} sets {', '.join(bad)}, which the benchmark controls per run; remove it "
                              "(use --task/--methods/--seeds/--output-dir)")
+    if policies is not None and "task_args" in varying:
+        raise BenchError("--method-setting may not set task_args with --policies (the policy is set per run)")
     base = {**preset_train, "task": task}
     plans = {}
-    for seed in seeds:
-        for method in methods:
-            per_run = {**overrides, **method_settings.get(method, {}), "method": method, "seed": seed,
-                       "output_dir": str(run_dir(out, method, seed))}
-            try:
-                plans[(method, seed)] = load_config(list(configs), per_run, base=base, base_source=preset_source)
-            except ConfigError as exc:
-                raise BenchError(str(exc)) from None
+
+    def load(per_run):
+        try:
+            return load_config(list(configs), per_run, base=base, base_source=preset_source)
+        except ConfigError as exc:
+            raise BenchError(str(exc)) from None
+
+    task_args = None
+    if policies is not None:  # the resolved task_args (preset, configs, overrides), then each policy's seed
+        task_args = load({**overrides, "method": methods[0], "seed": seeds[0], "output_dir": str(out)}).run.task_args
+    for policy in ([None] if policies is None else policies):
+        extra = {} if policy is None else {"task_args": _policy_task_args(task, task_args, policy)}
+        for seed in seeds:
+            for method in methods:
+                plans[(method, policy, seed)] = load({**overrides, **method_settings.get(method, {}), **extra,
+                                                      "method": method, "seed": seed,
+                                                      "output_dir": str(run_dir(out, method, seed, policy))})
     first = None
     for key, config in plans.items():
-        settings = {k: v for k, v in stable_settings(config).items() if k not in varying}
+        settings = {k: v for k, v in _without_policy_seed(stable_settings(config)).items() if k not in varying}
         if first is None:
             first = (key, settings)
         elif settings != first[1]:  # pragma: no cover  (load_config is deterministic; a guard)
-            raise BenchError(f"runs {first[0]} and {key} would differ in more than method/seed: "
+            raise BenchError(f"runs {first[0]} and {key} would differ in more than method/seed/policy: "
                              f"{settings_diff(first[1], settings)}")
     return plans
 
 
 def run_status(plans: Mapping[tuple[str, int], Any], out: Path, eval_settings: Mapping[str, Any]) -> dict:
-    """``{(method, seed): "finished" | "partial" | "to do"}``.
+    """``{(method, policy, seed): "finished" | "partial" | "to do"}``.
 
     A finished run (its folder has :data:`FINISHED`) must have used the settings planned now and
     the same evaluation settings; otherwise :class:`BenchError` names the differing keys.
     """
     status = {}
-    for (method, seed), config in plans.items():
-        done = run_dir(out, method, seed) / FINISHED
+    for (method, policy, seed), config in plans.items():
+        done = run_dir(out, method, seed, policy) / FINISHED
         if done.is_file():
             saved = json.loads(done.read_text())
             differs = settings_diff(saved.get("settings", {}), stable_settings(config))
@@ -174,7 +225,7 @@ def run_status(plans: Mapping[tuple[str, int], Any], out: Path, eval_settings: M
             if differs:
                 raise BenchError(f"{done.parent} finished with other settings ({'; '.join(differs[:6])}). "
                                  "Use another --output-dir, or delete that run folder to redo it.")
-            status[(method, seed)] = "finished"
+            status[(method, policy, seed)] = "finished"
         else:
-            status[(method, seed)] = "partial" if done.parent.exists() else "to do"
+            status[(method, policy, seed)] = "partial" if done.parent.exists() else "to do"
     return status

@@ -1,6 +1,7 @@
 """The comparison as figures and Markdown: ``rewards.png``, ``length.png``, ``heldout.png`` (per
 method the mean over seeds, a min-max band and thin single-seed lines) and ``comparison.md``
-(tables of :func:`~.compare.build_comparison`'s result, with 95% CIs and the paired tests).
+(tables of :func:`~.compare.build_comparison`'s result, with 95% CIs, the paired tests and, over
+policies, the two-level intervals).
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mrtpo.bench.learn.compare import EQUAL_TIME
 from mrtpo.bench.learn.stats import finite
+
+EQUAL_TIME_NOTE = ("reward_at_equal_time: each run's total reward (mean of its last steps) at the last step within "
+                   "the training seconds of {ref}'s run with the same seed (the sum of its per-step step_time, "
+                   "evaluation not included) against {ref}'s final; a run that ended sooner counts at its last step.")
 
 __all__ = ["fmt_ci", "fmt_mean_std", "markdown", "training_panels", "write_report"]
 
@@ -125,10 +131,13 @@ def _header(result: Mapping[str, Any]) -> list[str]:
     for k in ("command", "date", "machine", "model", "preset", "settings"):
         if h.get(k):
             md.append(f"- **{k}**: {'`' + h[k] + '`' if k == 'command' else h[k]}")
-    md.append(f"- **runs**: {len(result['runs'])} finished of {len(methods) * len(result['seeds'])} "
-              f"({', '.join(methods)} × seeds {', '.join(map(str, result['seeds']))})")
+    policies = result.get("policies")
+    over = f" × policies {', '.join(map(str, policies))}" if policies is not None else ""
+    md.append(f"- **runs**: {len(result['runs'])} finished of {len(methods) * len(result['seeds']) * len(policies or [0])} "
+              f"({', '.join(methods)}{over} × seeds {', '.join(map(str, result['seeds']))})")
     if result["missing"]:
-        md.append("- **not finished (left out)**: " + ", ".join(f"{m} seed {s}" for m, s in result["missing"]))
+        md.append("- **not finished (left out)**: " + ", ".join(
+            f"{m[0]} seed {m[1]}" if len(m) == 2 else f"{m[0]} policy {m[1]} seed {m[2]}" for m in result["missing"]))
     steps = max((r["steps"] for r in result["runs"]), default=0)
     seeds = min((len(s["seeds"]) for s in summary.values()), default=0)
     note = (f"Values are mean ± sample std over seeds; a run's training value is the mean of its last "
@@ -144,7 +153,8 @@ def _tables(result: Mapping[str, Any]) -> list[str]:
     methods, summary = result["methods"], result["summary"]
     panels = training_panels(result["rewards"], with_length=True)
     md = ["## Training rewards and completion length", "",
-          "| method | seeds | " + " | ".join(label for _, label in panels) + " |", "|---|---:|" + "---:|" * len(panels)]
+          f"| method | {'runs' if result.get('policies') is not None else 'seeds'} | "
+          + " | ".join(label for _, label in panels) + " |", "|---|---:|" + "---:|" * len(panels)]
     done = [m for m in methods if summary.get(m, {}).get("seeds")]
     for m in done:
         s = summary[m]
@@ -185,13 +195,52 @@ def _paired_table(result: Mapping[str, Any]) -> list[str]:
           (f"Difference method − {ref} over the seeds both finished (same seed: same initial weights, prompts "
            "and first samples). Paired t-test: 95% CI of the mean difference and its two-sided p-value; "
            "sign-flip: the exact permutation p-value (no normality assumed; with n seeds it cannot go below "
-           "2/2^n). Steps to target: over the seeds where both reached it."), "",
+           "2/2^n). Steps to target: over the seeds where both reached it."
+           + (f" {EQUAL_TIME_NOTE.format(ref=ref)}" if any(EQUAL_TIME in m for m in paired["by_method"].values())
+              else "")
+           + (" Over policies every (policy, seed) is one pair here, as if independent: the next table's "
+              "intervals account for the policy." if result.get("policies") is not None else "")), "",
           "| method | measure | seeds | mean difference [95% CI] | t-test p | sign-flip p |", "|---|---|---:|---:|---:|---:|"]
     for method, measures in paired["by_method"].items():
         for name, c in measures.items():
             md.append(f"| {method} | {name} | {c['n']} | {fmt_ci(c['mean_difference'], c['ci95'])} | "
                       f"{_p(c['p_value'])} | {_p(c['p_sign_flip'])} |")
     return md
+
+
+def _two_level_table(result: Mapping[str, Any]) -> list[str]:
+    """Over policies: per method and measure the mean over policies with its t and bootstrap
+    intervals and the two standard deviations, then each policy's own seed-paired row."""
+    two = result.get("two_level")
+    if not two or not two["by_method"]:
+        return []
+    ref = two["reference"]
+    md = ["", f"## Paired against {ref} over policies and seeds", "",
+          (f"Per (policy, seed) the difference method − {ref}; each policy's mean over its seeds, then the mean "
+           "over policies (each policy weighs the same). t: Student-t interval over the policy means (df = "
+           "policies − 1; a policy's mean carries its seeds' noise, so this covers both levels). Bootstrap: "
+           "two-stage percentile interval (policies drawn with replacement, then each one's seeds; "
+           "fixed RNG seed). Between: sample std of the policy means; within: pooled std of seeds around "
+           "their policy's mean."), "",
+          "| method | measure | policies × pairs | mean [t 95% CI] | bootstrap 95% CI | t-test p | between sd | "
+          "within sd | pairs > 0 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    per_policy = ["", "Each policy alone, paired seed by seed (as the table above without policies):", "",
+                  "| method | measure | policy | seeds | mean difference [95% CI] | t-test p | sign-flip p |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+    for method, measures in two["by_method"].items():
+        for name, c in measures.items():
+            boot = "[{:.3f}, {:.3f}]".format(*c["ci95_bootstrap"]) if c["ci95_bootstrap"] else "n/a"
+            md.append(f"| {method} | {name} | {c['n_policies']} × {c['n_pairs']} | {fmt_ci(c['mean'], c['ci95_t'])} | "
+                      f"{boot} | {_p(c['p_value'])} | {_num(c['between_policy_std'])} | "
+                      f"{_num(c['within_policy_std'])} | {c['positive']} of {c['n_pairs']} |")
+            for policy, p in c["per_policy"].items():
+                per_policy.append(f"| {method} | {name} | {policy} | {p['n']} | {fmt_ci(p['mean_difference'], p['ci95'])} | "
+                                  f"{_p(p['p_value'])} | {_p(p['p_sign_flip'])} |")
+    return md + per_policy
+
+
+def _num(v: Any) -> str:
+    return f"{v:.3f}" if finite(v) else "n/a"
 
 
 def _steps_to_target_table(result: Mapping[str, Any]) -> list[str]:
@@ -231,24 +280,23 @@ def _shared_table(result: Mapping[str, Any]) -> list[str]:
 
 def _runs_table(result: Mapping[str, Any]) -> list[str]:
     headline = result["heldout_metrics"][0] if result["heldout_metrics"] else None
-    md = ["", "## Runs", "", "| method | seed | steps | total reward (last) | length (last) | "
-          + (f"held-out {headline} (end) | " if headline else "") + "train s | eval s |",
-          "|---|---:|---:|---:|---:|" + ("---:|" if headline else "") + "---:|---:|"]
-
-    def num(v):
-        return f"{v:.3f}" if finite(v) else "n/a"
-
+    over = result.get("policies") is not None
+    md = ["", "## Runs", "", "| method | " + ("policy | " if over else "") + "seed | steps | total reward (last) | "
+          "length (last) | " + (f"held-out {headline} (end) | " if headline else "") + "train s | eval s |",
+          "|---|" + ("---:|" if over else "") + "---:|---:|---:|---:|" + ("---:|" if headline else "") + "---:|---:|"]
     for r in result["runs"]:
-        held = num(r["heldout"].get(headline, {}).get("end")) + " | " if headline else ""
-        md.append(f"| {r['method']} | {r['seed']} | {r['steps']} | {num(r['final'].get('reward'))} | "
-                  f"{num(r['final'].get('completions/mean_length'))} | {held}{r.get('train_s')} | {r.get('eval_s')} |")
+        held = _num(r["heldout"].get(headline, {}).get("end")) + " | " if headline else ""
+        policy = f"{r.get('policy')} | " if over else ""
+        md.append(f"| {r['method']} | {policy}{r['seed']} | {r['steps']} | {_num(r['final'].get('reward'))} | "
+                  f"{_num(r['final'].get('completions/mean_length'))} | {held}{r.get('train_s')} | {r.get('eval_s')} |")
     return md
 
 
 def markdown(result: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
-    """``comparison.md``: header, tables (training, held-out, 95% CIs, paired tests, steps to
-    target, shared samples, runs) and the figures."""
-    md = [*_header(result), *_tables(result), *_paired_table(result), *_steps_to_target_table(result),
+    """``comparison.md``: header, tables (training, held-out, 95% CIs, paired tests, over policies
+    the two-level intervals, steps to target, shared samples, runs) and the figures."""
+    md = [*_header(result), *_tables(result), *_paired_table(result), *_two_level_table(result),
+          *_steps_to_target_table(result),
           *_shared_table(result), *_runs_table(result)]
     if pngs:
         md += ["", "## Curves", "", *(f"![{name}]({p.name})" for name, p in pngs.items())]

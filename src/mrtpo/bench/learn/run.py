@@ -172,12 +172,14 @@ def _looks_like_run_folder(folder: Path) -> bool:
     return not names or bool(names & {"config.yaml", "metrics.jsonl", "eval.jsonl", "prompts.jsonl"})
 
 
-def run_one(config, eval_settings: dict[str, Any], log=logger.info) -> dict[str, Any]:
-    """Train one planned (method, seed) run with held-out evaluation; write ``finished.json``.
+def run_one(config, eval_settings: dict[str, Any], log=logger.info, start_eval: str = "start_eval.json") -> dict[str, Any]:
+    """Train one planned (method, policy, seed) run with held-out evaluation; write ``finished.json``.
 
     ``config`` is a :class:`~mrtpo.config.RunConfig` whose ``output_dir`` is the run folder (an
     unfinished one there is removed first); ``eval_settings`` holds :data:`~.plan.EVAL_KEYS` and
-    ``share_start_eval``. Returns what ``finished.json`` holds (steps, seconds, settings).
+    ``share_start_eval``; ``start_eval`` names the shared step-0 evaluation's file next to the run
+    folder (one per starting policy, :func:`~.plan.start_eval_file`). Returns what
+    ``finished.json`` holds (steps, seconds, settings).
     """
     import torch
 
@@ -208,7 +210,7 @@ def run_one(config, eval_settings: dict[str, Any], log=logger.info) -> dict[str,
         callback = EvalCallback(trainer, task, examples, eval_settings["eval_every"], folder,
                                 batch_size=eval_settings["eval_batch_size"],
                                 max_new_tokens=eval_settings["eval_max_new_tokens"],
-                                start_cache=folder.parent / "start_eval.json" if share else None,
+                                start_cache=folder.parent / start_eval if share else None,
                                 signature=signature)
         trainer.add_callback(callback)
     _record_batches(trainer, folder / "prompts.jsonl")

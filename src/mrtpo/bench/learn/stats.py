@@ -2,7 +2,9 @@
 
 Steps to a target reward, per-step curves over seeds, a mean with its Student-t 95% confidence
 interval, a paired comparison of two methods over the seeds they share (paired t-test and an
-exact sign-flip permutation test), and the share of sampled completions two runs have in common.
+exact sign-flip permutation test), the same over policies and seeds (a two-level interval: t over
+policies and a two-stage bootstrap), a run's value after a given number of training seconds (the
+equal-wall-clock comparison), and the share of sampled completions two runs have in common.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from typing import Any
 CONFIDENCE = 0.95
 #: Above this many pairs the exact sign-flip test (2^n sign patterns) is not computed.
 MAX_SIGN_FLIP_PAIRS = 16
+#: Resamples of the two-level bootstrap, and its fixed RNG seed (the interval is reproducible).
+BOOTSTRAP_RESAMPLES = 10000
+BOOTSTRAP_SEED = 0
 
 __all__ = [
+    "BOOTSTRAP_RESAMPLES",
+    "BOOTSTRAP_SEED",
     "CONFIDENCE",
     "aggregate_curves",
     "describe",
@@ -28,6 +35,9 @@ __all__ = [
     "summarise_steps_to_target",
     "t_quantile",
     "tail_mean",
+    "training_seconds",
+    "two_level_interval",
+    "value_at_seconds",
 ]
 
 
@@ -100,6 +110,90 @@ def paired_comparison(method: Mapping[Any, Any], reference: Mapping[Any, Any],
         out["df"] = len(diffs) - 1
         out["p_value"] = _t_two_sided_p(out["t"], out["df"])
     return out
+
+
+def two_level_interval(differences: Mapping[Any, Sequence[Any]], confidence: float = CONFIDENCE,
+                       resamples: int = BOOTSTRAP_RESAMPLES, rng_seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+    """The mean paired difference over policies, with intervals that cover both the policy and the seed.
+
+    ``differences`` is ``{policy: [paired difference per seed]}`` (non-finite values dropped, a
+    policy left without any left out). Each policy weighs the same: ``mean`` is the mean of the
+    per-policy means. A policy's mean already carries its seeds' noise, so the spread of the
+    per-policy means holds both levels and ``ci95_t`` is the Student-t interval over policies
+    (df = policies - 1). ``ci95_bootstrap`` is the percentile interval of a two-stage bootstrap
+    (draw the policies with replacement, then each drawn policy's seeds with replacement; fixed
+    ``rng_seed``). ``between_policy_std``: sample std of the per-policy means;
+    ``within_policy_std``: the pooled std of seeds around their policy's mean. Intervals, t and p
+    are None below two policies (no policy-level spread to use).
+    """
+    import numpy as np
+
+    groups = {str(p): [float(v) for v in vals if finite(v)] for p, vals in differences.items()}
+    groups = {p: v for p, v in groups.items() if v}
+    means = {p: sum(v) / len(v) for p, v in groups.items()}
+    between = describe(list(means.values()), confidence)
+    dof_within = sum(len(v) - 1 for v in groups.values())
+    within = (math.sqrt(sum((x - means[p]) ** 2 for p, v in groups.items() for x in v) / dof_within)
+              if dof_within else None)
+    pairs = [x for v in groups.values() for x in v]
+    out: dict[str, Any] = {
+        "policies": list(groups), "n_policies": len(groups), "n_pairs": len(pairs),
+        "positive": sum(x > 0 for x in pairs), "per_policy_mean": means, "mean": between["mean"],
+        "between_policy_std": between["std"], "within_policy_std": within, "ci95_t": between["ci95"],
+        "t": None, "df": None, "p_value": None, "ci95_bootstrap": None,
+        "bootstrap": {"resamples": resamples, "rng_seed": rng_seed},
+    }
+    if len(groups) < 2:
+        return out
+    if between["std"]:
+        out["t"] = between["mean"] / (between["std"] / math.sqrt(len(groups)))
+        out["df"] = len(groups) - 1
+        out["p_value"] = _t_two_sided_p(out["t"], out["df"])
+    rng = np.random.default_rng(rng_seed)
+    arrays = [np.asarray(v) for v in groups.values()]
+    picks = rng.integers(0, len(arrays), size=(resamples, len(arrays)))
+    drawn = np.empty(picks.shape)
+    for j, values in enumerate(arrays):  # every slot that drew policy j: a resample of its seeds
+        rows, cols = np.nonzero(picks == j)
+        drawn[rows, cols] = values[rng.integers(0, len(values), size=(len(rows), len(values)))].mean(axis=1)
+    low, high = np.quantile(drawn.mean(axis=1), [(1 - confidence) / 2, (1 + confidence) / 2])
+    out["ci95_bootstrap"] = [float(low), float(high)]
+    return out
+
+
+def training_seconds(records: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[float]] | None:
+    """``(steps, cumulative training seconds)`` from each step's ``step_time`` in metrics.jsonl
+    (the trainer's own timing: evaluation is not in it). None unless steps 1..n each logged one
+    (with ``logging_steps`` > 1 the unlogged steps' time is unknown)."""
+    from mrtpo.report.curves import series
+
+    steps, times = series(records, "step_time")
+    if not steps or steps != list(range(1, len(steps) + 1)):
+        return None
+    return steps, list(itertools.accumulate(times))
+
+
+def value_at_seconds(records: Sequence[Mapping[str, Any]], key: str, seconds: float,
+                     tail: int) -> dict[str, Any] | None:
+    """A run's ``key`` (mean of its last ``tail`` logged values) at the last step whose cumulative
+    training time (:func:`training_seconds`) is within ``seconds``: the value it had reached with
+    that much training. ``ran_out`` is True when the run ended before using ``seconds`` (its last
+    step then: a value reached with less time). None without per-step times or before one step
+    fits the budget."""
+    from mrtpo.report.curves import series
+
+    timed = training_seconds(records)
+    if timed is None:
+        return None
+    steps, cumulative = timed
+    within = [s for s, c in zip(steps, cumulative) if c <= seconds * (1 + 1e-12)]
+    if not within:
+        return None
+    step = within[-1]
+    logged, values = series(records, key)
+    value = tail_mean([v for s, v in zip(logged, values) if s <= step], tail)
+    return {"step": step, "seconds": cumulative[step - 1], "value": value, "ran_out": step == steps[-1]
+            and cumulative[-1] < seconds * (1 - 1e-12)}
 
 
 def steps_to_target(records: Sequence[Mapping[str, Any]], target: float, key: str = "reward",
