@@ -1,0 +1,105 @@
+"""The gym's shipped warm starts (mrtpo.gym.shipped): pinned, complete, loaded without building."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import mrtpo.gym.task  # noqa: F401  (registers the gym tasks)
+from mrtpo.gym import shipped
+from mrtpo.gym.shipped import POLICIES_DIR, SHIPPED_MANIFEST_SHA256, ShippedPolicyError, shipped_policies, shipped_policy
+from mrtpo.tasks import get_task
+
+FAMILIES = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
+
+
+def test_the_manifest_is_pinned_and_every_shipped_file_matches_it():
+    manifest = POLICIES_DIR / "MANIFEST.json"
+    assert hashlib.sha256(manifest.read_bytes()).hexdigest() == SHIPPED_MANIFEST_SHA256
+    policies = shipped_policies()
+    assert len(policies) == 3 * len(FAMILIES)
+    for name, entry in policies.items():
+        assert {"model.safetensors", "config.json", "tokenizer.json", "gym_warm_start.json"} <= set(entry["files"])
+        for file, digest in entry["files"].items():
+            assert hashlib.sha256((POLICIES_DIR / name / file).read_bytes()).hexdigest() == digest, (name, file)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_ships_three_independent_warm_starts(family):
+    folders = [shipped_policy(get_task(family, policy={"seed": seed})) for seed in (0, 1, 2)]
+    assert all(f is not None for f in folders) and len(set(folders)) == 3
+    assert folders[0] == shipped_policy(get_task(family))  # the default is warm-start seed 0
+    weights = [load_file(f / "model.safetensors") for f in folders]
+    key = next(iter(weights[0]))
+    assert not torch.equal(weights[0][key], weights[1][key]) and not torch.equal(weights[1][key], weights[2][key])
+    for folder, seed in zip(folders, (0, 1, 2)):
+        record = json.loads((folder / "gym_warm_start.json").read_text())
+        assert record["spec"]["seed"] == seed and record["task"]["task"] == family
+
+
+def test_a_shipped_policy_loads_without_building(monkeypatch):
+    import mrtpo.gym.policy as policy
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a shipped policy was built")
+
+    monkeypatch.setattr(policy, "ensure_warm_start", no_build)
+    task = get_task("gym-call", policy={"seed": 1})
+    model, tokenizer = task.policy()
+    stored = load_file(shipped_policy(task) / "model.safetensors")
+    for name, value in model.state_dict().items():
+        if name in stored:
+            assert torch.equal(value, stored[name]), name
+    assert len(tokenizer) == model.config.vocab_size
+
+
+def test_settings_that_are_not_shipped_are_built_as_before():
+    assert shipped_policy(get_task("gym-call", policy={"steps": 2, "batch_size": 4})) is None
+    assert shipped_policy(get_task("gym-answer", p_follow=0.7)) is None
+
+
+def _copy(tmp_path, name):
+    root = tmp_path / "policies"
+    root.mkdir()
+    shutil.copy(POLICIES_DIR / "MANIFEST.json", root / "MANIFEST.json")
+    shutil.copytree(POLICIES_DIR / name, root / name)
+    return root
+
+
+def test_a_changed_file_is_an_error_naming_it(tmp_path):
+    task = get_task("gym-overlap")
+    name = shipped_policy(task).name
+    root = _copy(tmp_path, name)
+    assert shipped_policy(task, folder=root) == root / name
+    weights = root / name / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ShippedPolicyError, match="model.safetensors"):
+        shipped_policy(task, folder=root)
+
+
+def test_a_changed_manifest_is_refused(tmp_path):
+    task = get_task("gym-overlap")
+    root = _copy(tmp_path, shipped_policy(task).name)
+    manifest = json.loads((root / "MANIFEST.json").read_text())
+    manifest["built_on"] = "elsewhere"
+    (root / "MANIFEST.json").write_text(json.dumps(manifest))
+    shipped._manifest.cache_clear()
+    with pytest.raises(ShippedPolicyError, match="pins"):
+        shipped_policy(task, folder=root)
+
+
+def test_a_policy_override_equal_to_the_default_names_the_same_warm_start():
+    from mrtpo.gym.policy import policy_spec, warm_start_dir
+
+    for family in FAMILIES:
+        default, explicit = get_task(family), get_task(family, policy={"seed": 0})
+        assert warm_start_dir(default, policy_spec(default)) == warm_start_dir(explicit, policy_spec(explicit))
+        other = get_task(family, policy={"seed": 1})
+        assert warm_start_dir(other, policy_spec(other)) != warm_start_dir(default, policy_spec(default))
