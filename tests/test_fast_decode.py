@@ -182,3 +182,25 @@ def test_trainer_tokenizes_each_distinct_prompt_once_with_trls_ids(tmp_path):
     reference, *_ = GRPOTrainer._tokenize_prompts(trainer, prompts)
     assert rendered == [2] and ids == reference and images is None and fields == {}
     assert ids[0] == ids[2] and ids[3] == ids[5] and ids[0] != ids[3]
+
+
+def test_rows_that_end_leave_the_batch_and_the_rest_decode_as_before():
+    """With an EOS that ends most rows early, the decode step drops them (half the batch ended) and
+    the rows still running draw from the model's own logits, step for step."""
+    model, tok = tiny_policy(seed=6)
+    ids, mask = _left_padded_prompts(tok, ["one prompt", "another prompt here", "x"], repeats=4)
+    torch.manual_seed(3)
+    free = sample(model, ids, mask, _config(max_new_tokens=16, eos_token_id=[]))[:, ids.shape[1]:]
+    counts = torch.bincount(free[:, :6].reshape(-1))
+    eos = int(counts.argmax())  # the token most rows draw early
+    torch.manual_seed(3)
+    out, seen = sample(model, ids, mask, _config(max_new_tokens=16, eos_token_id=[eos]), return_logits=True)
+    new = out[:, ids.shape[1]:]
+    ended = [(row.index(eos) if eos in row else None) for row in new.tolist()]
+    assert sum(e is not None and e < new.shape[1] - 2 for e in ended) >= 6  # half the rows end early
+    assert torch.isnan(seen).any()  # some rows left the batch before the loop ended
+    reference = _reference_logits(model, out, mask, new)
+    for j, end in enumerate(ended):
+        last = new.shape[1] if end is None else end + 1
+        torch.testing.assert_close(seen[j, :last], reference[j, :last], atol=2e-5, rtol=1e-4)
+        assert new[j, :last].tolist() == free[j, :last].tolist()

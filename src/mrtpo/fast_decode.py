@@ -177,6 +177,11 @@ class _DecodeStep:
             self.keys_t[i][..., :width] = layer.keys.index_select(0, inverse).transpose(-1, -2)
             self.values[i][:, :, :width] = layer.values.index_select(0, inverse)
 
+    def keep_rows(self, keep: Tensor) -> None:
+        """Keep only the rows ``keep`` ``(B,)`` bool of the key/value buffers (rows that have ended)."""
+        self.keys_t = [k[keep] for k in self.keys_t]
+        self.values = [v[keep] for v in self.values]
+
     def __call__(self, tokens: Tensor, positions: Tensor, column: int, bias: Tensor) -> Tensor:
         """Float32 logits ``(B, V)`` of the next token after ``tokens`` ``(B,)`` at ``positions``
         ``(B,)``, written to buffer column ``column``; ``bias`` ``(B, 1, 1, columns)`` is 0 where a
@@ -218,8 +223,10 @@ def sample(model: Any, input_ids: Tensor, attention_mask: Tensor, generation_con
     sampling: ``(B, P + T)`` ids, the prompt then up to ``max_new_tokens`` new tokens, rows that
     ended (an EOS) padded with ``pad_token_id``, stopping when every row has ended.
 
-    ``input_ids`` / ``attention_mask`` ``(B, P)`` left-padded. ``return_logits`` also returns the
-    float32 logits ``(B, T, V)`` each new token was drawn from (for tests). Call only where
+    ``input_ids`` / ``attention_mask`` ``(B, P)`` left-padded. Once half the rows still decoding have
+    ended, the ended ones leave the batch (every row still draws its uniform, so the tokens do not
+    depend on when that happens). ``return_logits`` also returns the float32 logits ``(B, T, V)`` each
+    new token was drawn from, NaN for rows that had left (for tests). Call only where
     :func:`fast_sampling_supported` is true; raises :class:`Unsupported` before any forward when a
     projection is neither a linear layer nor a LoRA layer over one.
     """
@@ -244,18 +251,27 @@ def sample(model: Any, input_ids: Tensor, attention_mask: Tensor, generation_con
     bias[:, 0, 0, :width] = torch.where(mask, 0.0, float("-inf"))
     position = mask.long().sum(-1)  # the first new token's position: the prompt's real length
     unfinished = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
+    active = torch.arange(rows, device=input_ids.device)  # the rows the decode step still runs
     new_tokens, seen = [], []
     for t in range(steps):
+        uniform = torch.rand(rows, device=input_ids.device)  # every row's draw: the stream ignores compaction
         probs = torch.softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
-        token = draw(probs, torch.rand(rows, device=input_ids.device))
-        token = torch.where(unfinished, token, torch.full_like(token, pad))
+        token = torch.full((rows,), pad, dtype=torch.long, device=input_ids.device)
+        token[active] = draw(probs, uniform[active])
+        token = torch.where(unfinished, token, pad)
         new_tokens.append(token)
         if return_logits:
-            seen.append(logits)
+            seen.append(torch.full((rows, logits.shape[-1]), float("nan"), device=logits.device).index_copy(0, active, logits))
         unfinished = unfinished & ~torch.isin(token, eos)
-        if t == steps - 1 or not bool(unfinished.any()):
+        left = int(unfinished.sum())
+        if t == steps - 1 or left == 0:
             break
-        logits = step(token, position + t, width + t, bias)
+        if 2 * left <= len(active):  # half the rows have ended: drop them from the batch
+            keep = unfinished[active]
+            active = active[keep]
+            step.keep_rows(keep)
+            bias = bias[keep]
+        logits = step(token[active], position[active] + t, width + t, bias)
     result = torch.cat([input_ids, torch.stack(new_tokens, dim=1)], dim=1)
     return (result, torch.stack(seen, dim=1)) if return_logits else result
 
