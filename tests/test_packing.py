@@ -8,8 +8,7 @@ import torch
 from mrtpo.packing import pack, packed_logps
 from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, replay_forward_calls
 from mrtpo.testing import tiny_policy
-from mrtpo.trainer import SEQUENCE_ADVANTAGES_KEY
-from test_shared_prompt import G, fused_policy, left_padded_batch, loss_and_grad, trl_logps
+from test_shared_prompt import G, fused_policy, left_padded_batch, loss_and_grad, trl_logps, update_inputs
 from test_trainer import char_code, has_letter_e, make_trainer
 
 
@@ -65,7 +64,7 @@ def test_packed_logps_entropies_and_gradient_equal_trl_forward(lora):
     _, _, grads = run(lambda: packed_logps(model, *batch, compute_entropy=True))
     assert grads.keys() == ref_grads.keys() and len(grads) > 0
     for name in ref_grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=5e-5, rtol=2e-4, msg=name)  # summed in another order
 
 
 def _groups(seed=0):
@@ -99,16 +98,7 @@ def test_packed_replay_equals_the_padded_replay_in_one_call_per_pass(kind, group
 
 def test_trainer_loss_and_gradient_equal_packed_and_padded(tmp_path):
     trainer = make_trainer(tmp_path, [has_letter_e, char_code], per_device_train_batch_size=9, num_generations=G)
-    trainer.current_gradient_accumulation_steps = 1
-    trainer.model.train()
-    prompt_ids, prompt_mask, completion_ids, completion_mask = left_padded_batch(vocab=len(trainer.processing_class))
-    gen = torch.Generator().manual_seed(2)
-    advantages = torch.randn(completion_ids.shape, generator=gen) * completion_mask
-    old = -torch.rand(completion_ids.shape, generator=gen) * 6 * completion_mask
-    inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-              "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": old,
-              "num_items_in_batch": completion_mask.sum(),
-              SEQUENCE_ADVANTAGES_KEY: advantages.sum(1) / completion_mask.sum(1)}
+    inputs = update_inputs(trainer)
     calls = []
     trainer.model.register_forward_pre_hook(lambda *_: calls.append(1))
     loss_padded, grad_padded = loss_and_grad(trainer, inputs)

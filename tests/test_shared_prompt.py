@@ -41,13 +41,15 @@ def trl_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
     return out.log_probs[:, -t:], out.entropy[:, -t:]
 
 
-def fused_policy(lora=False):
+def fused_policy(lora=False, lora_seed=0):
     model, _ = tiny_policy(seed=1, vocab_size=300)
     add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
     if lora:
         from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 lora_dropout=0.0, init_lora_weights=False))
+        with torch.random.fork_rng(devices=[]):  # the adapters' random init: the same whatever ran before
+            torch.manual_seed(lora_seed)
+            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                     lora_dropout=0.0, init_lora_weights=False))
     model.train()
     return model
 
@@ -109,6 +111,22 @@ def loss_and_grad(trainer, inputs):
     return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
 
 
+def update_inputs(trainer) -> dict:
+    """An update micro-batch as TRL hands it to ``_compute_loss`` (left-padded prompts, right-padded
+    completions, ``(B, T)`` advantages, off-policy old log-probabilities so clipping is active); puts
+    ``trainer`` in train mode for one accumulation step."""
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model.train()
+    prompt_ids, prompt_mask, completion_ids, completion_mask = left_padded_batch(vocab=len(trainer.processing_class))
+    gen = torch.Generator().manual_seed(2)
+    advantages = torch.randn(completion_ids.shape, generator=gen) * completion_mask
+    old = -torch.rand(completion_ids.shape, generator=gen) * 6 * completion_mask
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": old,
+            "num_items_in_batch": completion_mask.sum(),
+            SEQUENCE_ADVANTAGES_KEY: advantages.sum(1) / completion_mask.sum(1)}
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo"])
 def test_trainer_loss_and_gradient_equal_with_and_without_shared_prompts(tmp_path, loss_type):
     """Through TRL's ``_compute_loss``: ``(B, T)`` advantages, an off-policy ratio (old log-probs
@@ -116,16 +134,7 @@ def test_trainer_loss_and_gradient_equal_with_and_without_shared_prompts(tmp_pat
     trainer = make_trainer(tmp_path, [has_letter_e, char_code], loss_type=loss_type, per_device_train_batch_size=9,
                            num_generations=G)
     assert trainer.args.shared_prompt_update
-    trainer.current_gradient_accumulation_steps = 1
-    trainer.model.train()
-    prompt_ids, prompt_mask, completion_ids, completion_mask = left_padded_batch(vocab=len(trainer.processing_class))
-    gen = torch.Generator().manual_seed(2)
-    advantages = torch.randn(completion_ids.shape, generator=gen) * completion_mask
-    old = -torch.rand(completion_ids.shape, generator=gen) * 6 * completion_mask
-    inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-              "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": old,
-              "num_items_in_batch": completion_mask.sum(),
-              SEQUENCE_ADVANTAGES_KEY: advantages.sum(1) / completion_mask.sum(1)}
+    inputs = update_inputs(trainer)
     calls = []
     trainer.model.register_forward_pre_hook(lambda *_: calls.append(1))
     loss_shared, grad_shared = loss_and_grad(trainer, inputs)

@@ -20,8 +20,6 @@ embeddings, no sliding window. Anything else goes to ``generate``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -29,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mrtpo.replay import _returned_cache, underlying_model
-from mrtpo.shared_prompt import distinct_rows, generate_with_shared_prefill
+from mrtpo.shared_prompt import distinct_rows, generate_with_shared_prefill, patched_generate
 
 #: Model families whose decoder layer this module's decode step reproduces.
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
@@ -276,30 +274,24 @@ def sample(model: Any, input_ids: Tensor, attention_mask: Tensor, generation_con
     return (result, torch.stack(seen, dim=1)) if return_logits else result
 
 
-@contextmanager
-def fast_sampling(model: Any) -> Iterator[None]:
+def fast_sampling(model: Any):
     """Within the block, ``model.generate(input_ids, attention_mask, generation_config=...)`` runs
     :func:`sample` where :func:`fast_sampling_supported`, and otherwise ``generate`` with each
     distinct prompt prefilled once (:func:`mrtpo.shared_prompt.generate_with_shared_prefill`)."""
-    generate = model.generate
 
-    def patched(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
-        if (not kwargs and attention_mask is not None and generation_config is not None
-                and fast_sampling_supported(model, generation_config)):
-            try:
-                return sample(model, input_ids, attention_mask, generation_config)
-            except Unsupported:
-                pass
-        return generate_with_shared_prefill(model, generate, input_ids=input_ids, attention_mask=attention_mask,
-                                            generation_config=generation_config, **kwargs)
+    def replacement(generate):
+        def sampled(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+            if (not kwargs and attention_mask is not None and generation_config is not None
+                    and fast_sampling_supported(model, generation_config)):
+                try:
+                    return sample(model, input_ids, attention_mask, generation_config)
+                except Unsupported:
+                    pass
+            return generate_with_shared_prefill(model, generate, input_ids=input_ids, attention_mask=attention_mask,
+                                                generation_config=generation_config, **kwargs)
+        return sampled
 
-    model.generate = patched
-    try:
-        yield
-    finally:
-        del model.generate
-        if model.generate != generate:  # an instance attribute was there before us
-            model.generate = generate
+    return patched_generate(model, replacement)
 
 
 __all__ = ["MAX_PARAMETERS", "SUPPORTED_MODEL_TYPES", "Unsupported", "draw", "effective_linear", "fast_sampling", "fast_sampling_supported",

@@ -19,7 +19,7 @@ and the caller runs TRL's path.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -113,14 +113,20 @@ def generate_with_shared_prefill(model: Any, generate: Any, input_ids: Tensor, a
 
 
 @contextmanager
-def shared_prefill(model: Any) -> Iterator[None]:
-    """Within the block, ``model.generate`` prefills each distinct prompt once
-    (:func:`generate_with_shared_prefill`); the instance's own ``generate`` is restored after."""
+def patched_generate(model: Any, replacement: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
+    """Within the block, ``model.generate`` is ``replacement(original generate)``; the instance's own
+    ``generate`` is restored after."""
     generate = model.generate
-    model.generate = functools.partial(generate_with_shared_prefill, model, generate)
+    model.generate = replacement(generate)
     try:
         yield
     finally:
         del model.generate
         if model.generate != generate:  # an instance attribute was there before us
             model.generate = generate
+
+
+def shared_prefill(model: Any):
+    """Within the block, ``model.generate`` prefills each distinct prompt once
+    (:func:`generate_with_shared_prefill`)."""
+    return patched_generate(model, lambda generate: functools.partial(generate_with_shared_prefill, model, generate))
