@@ -60,3 +60,19 @@ def test_argument_errors():
         relevance_weights(torch.ones(1, 2), torch.ones(1, 2), w_max=0.5)
     with pytest.raises(ValueError, match=r"\(B, T\)"):
         relevance_weights(torch.ones(2), torch.ones(2))
+
+
+@pytest.mark.parametrize("c", [0.2, 0.5])
+def test_lam_c_and_w_max_one_plus_c_bound_every_weight_to_one_plus_minus_c(c):
+    """The bounded variant of issue 33 (weights in [1 − c, 1 + c], as RLSD clips them) is ``lam = c`` with
+    ``w_max = 1 + c``: λ keeps every token at least 1 − c of the uniform credit, the cap takes the peak
+    down to 1 + c and the water-fill only scales the rest up; the mean stays 1."""
+    gen = torch.Generator().manual_seed(7)
+    distance = torch.rand(64, 30, generator=gen) ** 4 * 5  # heavy-tailed relevance
+    lengths = torch.randint(1, 31, (64,), generator=gen)
+    mask = (torch.arange(30) < lengths.unsqueeze(1)).float()
+    weights = relevance_weights(distance, mask, lam=c, w_max=1 + c)
+    valid = mask.bool()
+    assert weights[valid].min() >= 1 - c - 1e-6 and weights[valid].max() <= 1 + c + 1e-6
+    torch.testing.assert_close((weights * mask).sum(1) / mask.sum(1), torch.ones(64), atol=1e-5, rtol=0)
+    assert (weights[valid] > 1 + c - 1e-4).any()  # the bound binds
