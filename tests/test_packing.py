@@ -8,7 +8,8 @@ import torch
 from mrtpo.packing import pack, packed_logps
 from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, replay_forward_calls
 from mrtpo.testing import tiny_policy
-from test_shared_prompt import G, fused_policy, left_padded_batch, loss_and_grad, trl_logps, update_inputs
+from test_shared_prompt import (G, fused_policy, left_padded_batch, logps_and_grads, loss_and_grad, trl_logps,
+                                update_inputs)
 from test_trainer import char_code, has_letter_e, make_trainer
 
 
@@ -42,12 +43,8 @@ def test_packed_logps_entropies_and_gradient_equal_trl_forward(lora):
     batch = left_padded_batch()
     weights = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(5))
 
-    def run(fn):
-        model.zero_grad()
-        logps, entropy = fn()
-        ((logps * weights).sum() + 0.1 * (entropy * weights).sum()).backward()
-        return logps.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                                  if p.grad is not None}
+    def run(forward):
+        return logps_and_grads(model, weights, forward)
 
     ref_logps, ref_entropy, ref_grads = run(lambda: trl_logps(model, *batch))
     calls = []

@@ -64,23 +64,26 @@ def test_distinct_rows_maps_every_row_to_its_prompt():
     assert inverse2[0] != inverse2[1]
 
 
+def logps_and_grads(model, weights, forward):
+    """``forward()``'s ``(log-probs, entropies)`` ``(B, T)`` and every parameter's gradient of
+    ``Σ weights · (log-probs + 0.1 · entropies)``."""
+    model.zero_grad()
+    logps, entropy = forward()
+    ((logps * weights).sum() + 0.1 * (entropy * weights).sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logps.detach(), entropy.detach(), grads
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_logps_entropies_and_gradient_equal_trl_forward(lora):
     model = fused_policy(lora)
     batch = left_padded_batch()
     weights = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(5))
-
-    def run(fn):
-        model.zero_grad()
-        logps, entropy = fn()
-        ((logps * weights).sum() + 0.1 * (entropy * weights).sum()).backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        return logps.detach(), entropy.detach(), grads
-
-    ref_logps, ref_entropy, ref_grads = run(lambda: trl_logps(model, *batch))
+    ref_logps, ref_entropy, ref_grads = logps_and_grads(model, weights, lambda: trl_logps(model, *batch))
     calls = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
-    logps, entropy, grads = run(lambda: shared_prompt_logps(model, *batch, compute_entropy=True))
+    logps, entropy, grads = logps_and_grads(model, weights,
+                                            lambda: shared_prompt_logps(model, *batch, compute_entropy=True))
     assert len(calls) == 2
     mask = batch[3].bool()
     assert torch.all(logps[~mask] == 0) and torch.all(logps[mask] < 0)
