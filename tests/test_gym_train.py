@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -121,6 +122,17 @@ def test_a_plugin_method_runs_on_the_gym_preset_in_two_workers(gym_env, tmp_path
         assert (out / f"{method}-seed0" / "finished.json").is_file()
     comparison = json.loads((out / "comparison.json").read_text())
     assert set(comparison["methods"]) == {"gdpo", "firsthalf"} and comparison["heldout_metrics"][0] == "reward_total"
+    # a worker trains the runs its parent named, whatever else has finished since (the share it once
+    # computed from the unfinished runs skipped a run when the other worker had already finished)
+    shutil.rmtree(out / "firsthalf-seed0")
+    gdpo_finished = (out / "gdpo-seed0" / "finished.json").read_text()
+    worker = _mrtpo(["bench", "learn", "--task", "gym-call", "--preset", "gym", "--methods", "gdpo,firsthalf", "--seeds",
+                     "0", "--max-steps", "2", "--eval-every", "2", "--eval-size", "4", "--out", str(out),
+                     f"task_args={TINY}", "per_device_train_batch_size=8", "--worker", '[["firsthalf", null, 0]]'],
+                    env, tmp_path)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert (out / "firsthalf-seed0" / "finished.json").is_file()
+    assert (out / "gdpo-seed0" / "finished.json").read_text() == gdpo_finished
     bad = _mrtpo(["bench", "learn", "--task", "gym-call", "--dry-run"], {**env, "MRTPO_PLUGINS": "no_such_module"}, tmp_path)
     assert bad.returncode != 0 and "MRTPO_PLUGINS names 'no_such_module'" in bad.stderr
 

@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at once, each in its own single-thread process (1: one after "
                         "another in this process). Small models (the gym) are fastest with one process per core")
-    p.add_argument("--worker", help=argparse.SUPPRESS)  # "k/N": train every N-th unfinished run from the k-th
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON list of [method, policy, seed]: the runs this worker trains
     p.add_argument("--compare-only", action="store_true", help="only rebuild the comparison from finished runs")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their status, train nothing")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="training settings for every run")
@@ -165,8 +165,12 @@ def _print_summary(result: dict[str, Any], settings: dict[str, Any]) -> None:
         print(f"  {method:<9} " + " | ".join(parts))
 
 
-def _run_workers(argv: list[str], jobs: int) -> None:
-    """Train the unfinished runs in ``jobs`` worker processes of one thread each (``--worker k/N``)."""
+def _run_workers(argv: list[str], todo: list[tuple], jobs: int) -> None:
+    """Train the runs ``todo`` in ``jobs`` worker processes of one thread each.
+
+    The parent deals the runs out (round robin) and names each worker's runs on its command line: a
+    worker that computed its share from the runs still unfinished when it started would skip a run
+    that another, faster worker had already moved out of its list."""
     import os
     import subprocess
 
@@ -180,8 +184,8 @@ def _run_workers(argv: list[str], jobs: int) -> None:
             rest.append(a)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     print(f"training in {jobs} worker processes (one thread each)", flush=True)
-    workers = [subprocess.Popen([sys.executable, "-m", "mrtpo.cli", "bench", "learn", *rest, "--worker", f"{k}/{jobs}"],
-                                env=env) for k in range(jobs)]
+    workers = [subprocess.Popen([sys.executable, "-m", "mrtpo.cli", "bench", "learn", *rest,
+                                 "--worker", json.dumps(todo[k::jobs])], env=env) for k in range(jobs)]
     failed = [k for k, w in enumerate(workers) if w.wait() != 0]
     if failed:
         raise BenchError(f"worker(s) {failed} failed (their output is above); finished runs are kept, "
@@ -248,11 +252,15 @@ def _main(ns, argv: list[str]) -> int:
             (out / "bench.json").write_text(json.dumps(request, indent=1, default=str) + "\n")
         todo = [key for key, st in status.items() if st != "finished"]
         if ns.jobs > 1 and len(todo) > 1:
-            _run_workers(argv, min(ns.jobs, len(todo)))
+            _run_workers(argv, todo, min(ns.jobs, len(todo)))
+            unfinished = [key for key, st in run_status(plans, out, settings).items() if st != "finished"]
+            if unfinished:
+                raise BenchError(f"the workers left {len(unfinished)} run(s) unfinished: "
+                                 + ", ".join(f"{m} {_where(s, p)}" for m, p, s in unfinished))
             todo = []
         elif ns.worker:
-            k, n = (int(x) for x in ns.worker.split("/"))
-            todo = todo[k::n]
+            mine = {tuple(key) for key in json.loads(ns.worker)}
+            todo = [key for key in todo if key in mine]
         for i, (method, policy, seed) in enumerate(todo, 1):
             name = f"{method} {_where(seed, policy)}"
             print(f"[{i}/{len(todo)}] {name} -> {run_dir(out, method, seed, policy)}", flush=True)
