@@ -18,6 +18,7 @@ from mrtpo.bench.learn.plan import (
     DEFAULT_SEEDS,
     METHODS,
     BenchError,
+    method_variants,
     plan_configs,
     read_preset,
     resolve_preset,
@@ -43,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     p.add_argument("--task", required=True, choices=TASK_NAMES)
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated credit methods")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated credit methods; LABEL=METHOD adds a variant of a method under its own "
+                        "name, whose settings --method-setting LABEL:key=value gives (e.g. bounded=mrtpo)")
     p.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comma-separated seeds")
     p.add_argument("--policies", help="gym tasks: comma-separated warm-start seeds (task_args policy.seed); every "
                                       "method x policy x seed is trained and the effect's interval covers both "
@@ -197,8 +200,8 @@ def _main(ns, argv: list[str]) -> int:
     from mrtpo.models import ModelLoadError
     from mrtpo.config import ConfigError, parse_overrides
 
-    methods = _list(ns.methods, str, "methods")
-    unknown = [m for m in methods if m not in available_methods()]
+    methods, bases = method_variants(_list(ns.methods, str, "methods"))
+    unknown = sorted({bases.get(m, m) for m in methods} - set(available_methods()))
     if unknown:
         raise BenchError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(available_methods())}")
     seeds = _list(ns.seeds, int, "seeds")
@@ -223,7 +226,7 @@ def _main(ns, argv: list[str]) -> int:
         except ConfigError as exc:
             raise BenchError(str(exc)) from None
     plans = plan_configs(ns.task, methods, seeds, preset_train, str(preset), ns.config, overrides, out,
-                         method_settings, policies)
+                         method_settings, policies, bases)
     header = _header(argv, preset, next(iter(plans.values())), settings)
     if method_settings:
         header["settings"] += "; per method: " + "; ".join(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -147,10 +148,27 @@ def settings_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return [f"{k}: {a[k]!r} vs {b[k]!r}" for k in sorted(set(a) & set(b)) if a[k] != b[k]]
 
 
+def method_variants(entries: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``(labels, {label: method})`` from ``--methods`` entries: ``mrtpo`` or ``LABEL=METHOD``, a variant
+    trained as ``METHOD`` under its own name (its folder, table rows and ``--method-setting`` key)."""
+    labels, bases = [], {}
+    for entry in entries:
+        label, sep, base = (part.strip() for part in entry.partition("="))
+        if sep:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", label) or not base:
+                raise BenchError(f"a variant is LABEL=METHOD with a LABEL of letters, digits, '-', '_' or '.', "
+                                 f"got {entry!r}")
+            bases[label] = base
+        if label in labels:
+            raise BenchError(f"method {label!r} is listed twice in --methods")
+        labels.append(label)
+    return labels, bases
+
+
 def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset_train: dict[str, Any],
                  preset_source: str, configs: Sequence[str], overrides: dict[str, Any], out: Path,
                  method_settings: Mapping[str, dict[str, Any]] | None = None,
-                 policies: Sequence[int] | None = None):
+                 policies: Sequence[int] | None = None, bases: Mapping[str, str] | None = None):
     """``{(method, policy, seed): RunConfig}``, built from one base; checks that only method, seed,
     folder and the policy seed differ.
 
@@ -158,7 +176,9 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
     its best learning rate from a sweep; those keys may then differ between methods, nothing else.
     ``policies`` (gym tasks only): warm-start seeds, each merged into the runs' ``task_args`` as
     ``policy.seed``; None plans every run on the task's default policy (key ``policy`` None).
+    ``bases`` (``{label: method}``, :func:`method_variants`): labels trained as another method.
     """
+    bases = dict(bases or {})
     method_settings = dict(method_settings or {})
     unknown = sorted(set(method_settings) - set(methods))
     if unknown:
@@ -190,13 +210,14 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
 
     task_args = None
     if policies is not None:  # the resolved task_args (preset, configs, overrides), then each policy's seed
-        task_args = load({**overrides, "method": methods[0], "seed": seeds[0], "output_dir": str(out)}).run.task_args
+        task_args = load({**overrides, "method": bases.get(methods[0], methods[0]), "seed": seeds[0],
+                          "output_dir": str(out)}).run.task_args
     for policy in ([None] if policies is None else policies):
         extra = {} if policy is None else {"task_args": _policy_task_args(task, task_args, policy)}
         for seed in seeds:
             for method in methods:
                 plans[(method, policy, seed)] = load({**overrides, **method_settings.get(method, {}), **extra,
-                                                      "method": method, "seed": seed,
+                                                      "method": bases.get(method, method), "seed": seed,
                                                       "output_dir": str(run_dir(out, method, seed, policy))})
     first = None
     for key, config in plans.items():
