@@ -57,6 +57,10 @@ def _base_from_adapter(folder: Path, base_override: str | None) -> str:
 
     config = json.loads((folder / "adapter_config.json").read_text())
     base = config.get("base_model_name_or_path")
+    if base:
+        from mrtpo.model_names import spec_for_base
+
+        base = spec_for_base(base)  # a preset's upstream hub id: the preset it trained on
     if not base:
         raise EvalUserError(
             f"the adapter in {folder} does not name its base model (base_model_name_or_path); "

@@ -12,8 +12,10 @@ trainer for a resolved config (:func:`build_trainer`) and runs it.
 The run folder (``--output-dir``, default ``runs/<task>-<method>-<time>``) holds
 ``config.yaml`` (every setting used, loadable with ``--config``), ``metrics.jsonl`` (one line per
 logged step), ``credit_samples.jsonl`` (token weights of a few completions per step),
-``checkpoint-N/`` folders (HF Trainer checkpoints, resumable) and, at the end, ``report.html`` /
-``report.md`` / ``curves.png`` (:func:`mrtpo.report.make_report`). A folder holds one run
+``checkpoint-N/`` folders (HF Trainer checkpoints, resumable) and, at the end, ``model/`` (the final
+model or LoRA adapter with its tokenizer and model card, :mod:`mrtpo.run_outputs`), ``README.md``
+(TRL's model card) and ``report.html`` / ``report.md`` / ``curves.png`` (:func:`mrtpo.report.make_report`;
+``mrtpo report RUN`` rebuilds them, ``mrtpo export RUN`` merges a LoRA adapter). A folder holds one run
 (:mod:`mrtpo.run_folder`): a fresh run refuses a used folder unless ``--overwrite``, nothing is
 written there until the settings, the task data and the model have loaded, and ``--resume`` takes
 the newest complete checkpoint of that same run.
@@ -65,8 +67,8 @@ from mrtpo.trainer_metrics import trim_jsonl  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PromptMismatchError", "TaskData", "build_trainer", "find_checkpoint", "load_task_data", "main",
-           "resolve_from_argv"]
+__all__ = ["PromptMismatchError", "TaskData", "build_trainer", "find_checkpoint", "load_model", "load_task_data",
+           "main", "resolve_from_argv"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,6 +167,26 @@ def load_task_data(config: RunConfig) -> TaskData:
     return TaskData(task, train, evals, examples)
 
 
+def load_model(config: RunConfig, task: Any):
+    """``(model, tokenizer, warm start folder or None)``: the policy a run of ``config`` starts from."""
+    import torch
+
+    from mrtpo.models import load_policy
+
+    run = config.run
+    dtype = getattr(torch, _DTYPES[run.dtype])
+    if run.model == "gym":  # a gym task's warm-started tiny policy, built and cached on first use
+        return (*task.policy(dtype), None)
+    from mrtpo.warm_start import load_warm_start, resolve_for_run
+
+    warm, _ = resolve_for_run(run.warm_start, run.task, run.model)
+    if warm is not None:  # e.g. toolcall: a short LoRA SFT so the format reward has spread (built once)
+        model, tokenizer, folder = load_warm_start(run.model, warm, task, dtype=dtype)
+        logger.info("warm start: starting from %s", folder)
+        return model, tokenizer, folder
+    return (*load_policy(run.model, dtype=dtype), None)
+
+
 def build_trainer(config: RunConfig, data: TaskData | None = None):
     """The :class:`~mrtpo.trainer.MRTPOTrainer` for ``config``: task data (``data``, else loaded),
     verifier rewards, model.
@@ -172,13 +194,12 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     Checks that TRL renders the first prompt exactly as the task does (the evidence replays and
     ``mrtpo eval`` use the task's rendering), and puts the reward into the progress bar.
     """
-    import torch
     from datasets import Dataset
     from transformers import set_seed
     from transformers.trainer_callback import ProgressCallback
 
-    from mrtpo.models import load_policy
     from mrtpo.counterfactual import prompt_renderer
+    from mrtpo.model_names import base_model_names
     from mrtpo.rewards import VerifierReward
     from mrtpo.trainer import MRTPOTrainer
 
@@ -190,17 +211,7 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     def rows(exs):
         return Dataset.from_list([{"prompt": ex.messages, "example_id": ex.id} for ex in exs])
 
-    if run.model == "gym":  # a gym task's warm-started tiny policy, built and cached on first use
-        model, tokenizer = task.policy(getattr(torch, _DTYPES[run.dtype]))
-    else:
-        from mrtpo.warm_start import load_warm_start, resolve_for_run
-
-        warm, _ = resolve_for_run(run.warm_start, run.task, run.model)
-        if warm is not None:  # e.g. toolcall: a short LoRA SFT so the format reward has spread (built once)
-            model, tokenizer, folder = load_warm_start(run.model, warm, task, dtype=getattr(torch, _DTYPES[run.dtype]))
-            logger.info("warm start: starting from %s", folder)
-        else:
-            model, tokenizer = load_policy(run.model, dtype=getattr(torch, _DTYPES[run.dtype]))
+    model, tokenizer, warm_folder = load_model(config, task)
     peft_config = None
     if run.lora_r > 0:
         from peft import LoraConfig
@@ -215,6 +226,8 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
         model=model, processing_class=tokenizer, reward_funcs=rewards, args=args,
         train_dataset=train_ds, eval_dataset=rows(evals) if evals else None, peft_config=peft_config,
     )
+    card_name, adapter_name = base_model_names(run.model, run.task)
+    trainer.name_base_model(card_name, None if warm_folder else adapter_name)  # a warm start's adapter sits on its folder
     ours = prompt_renderer(task, tokenizer)(train[0])
     theirs = trainer._render(train_ds[0]["prompt"])
     if ours != theirs:
@@ -398,9 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     _say(main_process, f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, "
                        f"rewards {', '.join(trainer.reward_func_names)}")
     from mrtpo.rewards import RewardValueError
+    from mrtpo.run_outputs import save_final_model
 
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        final = save_final_model(trainer, out)
     except RewardValueError as exc:
         return _error(exc)
     except OSError as exc:
@@ -410,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"intact: free the space (or fix the folder) and --resume {out}")
     if not main_process:
         return 0
+    print(f"model: {final} (`mrtpo export {out}` writes a standalone copy)")
     if run.report:
         from mrtpo.report.build import make_report
 

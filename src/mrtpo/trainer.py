@@ -27,6 +27,7 @@ differs from GRPOTrainer, and nothing else:
 5. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
    update, and a callback writes every log line to ``<output_dir>/metrics.jsonl``
    (:mod:`mrtpo.trainer_metrics`, with the per-reward credit metrics).
+6. The model card names MRTPO, its paper and the base model (:mod:`mrtpo.trainer_card`).
 
 The config and the keys it shares with the trainer live in :mod:`mrtpo.trainer_config`.
 
@@ -61,18 +62,13 @@ from mrtpo.trainer_config import (
     ZERO_ADVANTAGE_KEY,
     MRTPOConfig,
 )
-from mrtpo.trainer_metrics import (
-    MetricsJSONL,
-    credit_metric_keys,
-    credit_metric_sums,
-    credit_sample,
-    peak_memory_gib,
-)
+from mrtpo.trainer_card import ModelCardMixin
+from mrtpo.trainer_metrics import MetricsJSONL, credit_metric_keys, credit_metric_sums, credit_sample, peak_memory_gib
 from mrtpo.update_rows import rows_that_move
 from mrtpo.verifiers import Evidence
 
 
-class MRTPOTrainer(GRPOTrainer):
+class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
     """GRPOTrainer whose advantages are token-level and reward-specific (see the module docstring).
 
     ``reward_funcs`` are ordinary TRL reward functions; those that declare evidence (the

@@ -30,6 +30,7 @@ from mrtpo.report.curves import (
     series,
     step_records,
 )
+from mrtpo.report.held_out import eval_rows
 from mrtpo.report.token_view import CSS, CompletionView, CreditRow, render_cards
 
 __all__ = ["load_credit_samples", "make_report", "pick_samples", "sample_view", "summarise"]
@@ -212,6 +213,11 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
     md += [f"- **{k}**: {v}" for k, v in info]
     md += ["", "| metric | first step | last step | mean |", "|---|---:|---:|---:|"]
     md += [f"| {r['name']} | {_fmt(r['first'])} | {_fmt(r['last'])} | {_fmt(r['mean'])} |" for r in summary["rows"]]
+    held_out = eval_rows(records)
+    if held_out:
+        md += ["", "## Held-out evaluation", "", "| metric | first eval | last eval |", "|---|---:|---:|"]
+        md += [f"| {r['name']} | {_fmt(r['first'])} (step {r['first_step']}) | {_fmt(r['last'])} (step {r['last_step']}) |"
+               for r in held_out]
     md += ["", "![training curves](curves.png)", "", "## Sampled completions", ""]
     if not picked:
         md.append("No credit samples were recorded (credit_samples=0, or no step ran).")
@@ -238,7 +244,13 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
     parts.append("</ul><table><tr><th>metric</th><th>first step</th><th>last step</th><th>mean</th></tr>")
     parts += [f"<tr><td>{html.escape(r['name'])}</td><td>{_fmt(r['first'])}</td><td>{_fmt(r['last'])}</td>"
               f"<td>{_fmt(r['mean'])}</td></tr>" for r in summary["rows"]]
-    parts.append(f"</table><h2>Curves</h2><img alt='training curves' src='data:image/png;base64,{png}'>")
+    parts.append("</table>")
+    if held_out:
+        parts.append("<h2>Held-out evaluation</h2><table><tr><th>metric</th><th>first eval</th><th>last eval</th></tr>")
+        parts += [f"<tr><td>{html.escape(r['name'])}</td><td>{_fmt(r['first'])} (step {r['first_step']})</td>"
+                  f"<td>{_fmt(r['last'])} (step {r['last_step']})</td></tr>" for r in held_out]
+        parts.append("</table>")
+    parts.append(f"<h2>Curves</h2><img alt='training curves' src='data:image/png;base64,{png}'>")
     parts.append("<h2>Where each reward's credit went</h2><p>Sampled completions of the first and the last "
                  "generation step. Each row shades the tokens by that reward's weight (hover for weight and "
                  "relevance); the last row is the per-token advantage.</p>")

@@ -133,7 +133,10 @@ def plot_run(metrics: str | os.PathLike | Records, out: str | os.PathLike, title
     credit = [(title, suffix) for title, suffix in (("credit share of the top 10% tokens", "top10_share"),
                                                     ("mean relevance (replay distance)", "relevance_mean"))
               if any(series(records, f"credit/{n}/{suffix}")[0] for n in names)]
-    fig, axes = _grid(plt, len(panels) + 1 + len(credit), title)
+    from mrtpo.report.held_out import draw_held_out, eval_records
+
+    held_out = bool(eval_records(records))
+    fig, axes = _grid(plt, len(panels) + 1 + len(credit) + held_out, title)
     for ax, (name, mean_key, std_key) in zip(axes, panels):
         ax.set_title(name, fontsize=10)
         _steps_axis(ax)
@@ -146,6 +149,12 @@ def plot_run(metrics: str | os.PathLike | Records, out: str | os.PathLike, title
         for n in names:
             _band(ax, records, f"credit/{n}/{suffix}", None, label=n)
         ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    if held_out:
+        ax = axes[len(panels) + 1 + len(credit)]
+        ax.set_title("held-out reward (eval)", fontsize=10)
+        _steps_axis(ax)
+        draw_held_out(ax, records)
         ax.grid(alpha=0.3)
     ax = axes[len(panels)]
     ax.set_title("time per step (s)", fontsize=10)

@@ -1,0 +1,123 @@
+"""``mrtpo export``: a run's final model as one standalone model folder.
+
+    mrtpo export runs/sql-mrtpo-20260101-120000                    # -> <run>/export/
+    mrtpo export runs/sql-mrtpo-20260101-120000 --output-dir merged/
+
+A LoRA run's ``model/`` holds only the adapter: export loads the base model the run started from
+(its ``config.yaml``: the preset, folder or warm start), applies the adapter and merges it
+(peft ``merge_and_unload``), and saves the merged weights in float32 with the tokenizer and model
+card. A full fine-tuning run's ``model/`` is already whole: export copies it. A run without
+``model/`` (stopped before the end) exports its newest complete checkpoint, with a note. The output
+appears whole or not at all (written next to it, renamed last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from mrtpo.cli_help import HelpFormatter
+from mrtpo.config import CONFIG_NAME, ConfigError, load_config
+from mrtpo.run_folder import find_checkpoint
+from mrtpo.run_outputs import FINAL_DIR, is_adapter
+
+__all__ = ["export_model", "main"]
+
+#: The default output folder inside the run folder.
+EXPORT_DIR = "export"
+_COPIED = ("README.md", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+           "generation_config.json")
+
+
+def _source(run: Path) -> tuple[Path, str | None]:
+    """The folder to export (``model/``, else the newest complete checkpoint) and a note on the latter."""
+    if (run / FINAL_DIR).is_dir():
+        return run / FINAL_DIR, None
+    if not (run / CONFIG_NAME).is_file():
+        raise ConfigError(f"{run} is not a run folder of mrtpo train (no {CONFIG_NAME})")
+    checkpoint, _ = find_checkpoint(run)
+    return checkpoint, f"note: {run} has no {FINAL_DIR}/ (the run did not finish); exporting {checkpoint.name}"
+
+
+def export_model(run: str | Path, output_dir: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Write the standalone model of run folder ``run`` to ``output_dir`` (default ``<run>/export``)."""
+    run = Path(run)
+    if not run.is_dir():
+        raise ConfigError(f"no such run folder: {run}")
+    source, note = _source(run)
+    if note:
+        print(note, flush=True)
+    dest = Path(output_dir) if output_dir else run / EXPORT_DIR
+    if dest.exists() and any(dest.iterdir()) and not overwrite:
+        raise ConfigError(f"{dest} exists and is not empty: give another --output-dir, or --overwrite")
+    partial = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    if is_adapter(source):
+        _merge(run, source, partial)
+    else:
+        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(
+            "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml"))
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial.rename(dest)
+    return dest
+
+
+def _merge(run: Path, adapter: Path, dest: Path) -> None:
+    """The run's base model (float32) with ``adapter`` merged in, saved to ``dest``."""
+    from peft import PeftModel
+
+    from mrtpo.tasks import get_task
+    from mrtpo.train import load_model
+
+    config = load_config([run / CONFIG_NAME], {"dtype": "float32", "output_dir": str(run)})
+    task = get_task(config.run.task, **config.run.task_args)
+    base, tokenizer, _ = load_model(config, task)
+    merged = PeftModel.from_pretrained(base, str(adapter), is_trainable=False).merge_and_unload()
+    card_name = _card_base(adapter)
+    if card_name:
+        merged.config._name_or_path = card_name
+    merged.save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
+    for name in _COPIED:  # the tokenizer saved with the adapter wins over the base's (same files)
+        if (adapter / name).is_file():
+            shutil.copyfile(adapter / name, dest / name)
+
+
+def _card_base(adapter: Path) -> str | None:
+    import json
+
+    return json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mrtpo export", formatter_class=HelpFormatter,
+        description="Write a run's final model as one standalone model folder: a LoRA adapter merged into its "
+                    "base model (peft merge_and_unload), or a copy of a fully fine-tuned model.")
+    p.add_argument("run", metavar="RUN", help="run folder of mrtpo train")
+    p.add_argument("--output-dir", "--out", dest="output_dir", metavar="DIR",
+                   help="where to write the model (default: <RUN>/export)")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it holds files")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    from mrtpo.models import ModelLoadError
+
+    try:
+        dest = export_model(ns.run, ns.output_dir, ns.overwrite)
+    except (ConfigError, ModelLoadError) as exc:
+        print(f"mrtpo export: error: {exc}", file=sys.stderr)
+        return 2
+    kind = "merged LoRA adapter" if is_adapter(_source(Path(ns.run))[0]) else "copy"
+    print(f"exported ({kind}): {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

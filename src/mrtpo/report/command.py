@@ -1,0 +1,66 @@
+"""``mrtpo report RUN``: (re)build a run folder's report from what the run wrote.
+
+    mrtpo report runs/sql-mrtpo-20260101-120000
+
+For a run that crashed before its end, one trained with ``report: false``, or an older report:
+reads ``config.yaml``, ``metrics.jsonl`` and ``credit_samples.jsonl`` and writes ``report.html``,
+``report.md`` and ``curves.png`` (:func:`mrtpo.report.build.make_report`), held-out (``eval_*``)
+metrics included when the run evaluated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mrtpo.cli_help import HelpFormatter
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mrtpo report", formatter_class=HelpFormatter,
+        description="Rebuild report.html / report.md / curves.png of a run folder from its metrics.jsonl "
+                    "(after a crash, or a run with report: false).")
+    p.add_argument("run", metavar="RUN", help="run folder of mrtpo train")
+    p.add_argument("--samples", type=int, metavar="N",
+                   help="completions shown from the first and the last step (default: the run's report_samples, else 2)")
+    return p
+
+
+def _report_samples(run: Path) -> int:
+    import yaml
+
+    try:
+        saved = yaml.safe_load((run / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return 2
+    value = saved.get("report_samples") if isinstance(saved, dict) else None
+    return value if isinstance(value, int) and value >= 0 else 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    run = Path(ns.run)
+    if not (run / "metrics.jsonl").is_file():
+        print(f"mrtpo report: error: {run} holds no metrics.jsonl (not a run folder of mrtpo train, or no step "
+              "was logged)", file=sys.stderr)
+        return 2
+    if ns.samples is not None and ns.samples < 0:
+        print("mrtpo report: error: --samples must be >= 0", file=sys.stderr)
+        return 2
+    from mrtpo.report.build import make_report
+
+    try:
+        paths = make_report(run, samples=ns.samples if ns.samples is not None else _report_samples(run))
+    except ValueError as exc:  # a torn or hand-edited metrics line
+        print(f"mrtpo report: error: cannot read {run / 'metrics.jsonl'}: {exc}", file=sys.stderr)
+        return 2
+    print("report: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
