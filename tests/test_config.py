@@ -102,9 +102,12 @@ def test_resolved_config_round_trips_and_lists_every_field(tmp_path):
     path = write_config(config, tmp_path / "config.yaml")
     saved = yaml.safe_load(path.read_text())
     expected = {f.name for f in dataclasses.fields(RunSettings)} | {f.name for f in dataclasses.fields(MRTPOConfig)}
-    # Only the derived half of a TRL pair, deprecated aliases and hub tokens are left out.
+    # Only the derived half of a TRL pair, deprecated aliases, hub tokens and what the machine decided
+    # (mrtpo.saved_config, written as comments) are left out.
+    from mrtpo.saved_config import machine_decided
+
     assert expected - set(saved) == {"generation_batch_size", "gradient_checkpointing",
-                                     "gradient_checkpointing_kwargs", "hub_token"}
+                                     "gradient_checkpointing_kwargs", "hub_token", *machine_decided(config)}
     assert saved["temperature"] == 0.8 and saved["task"] == "toolcall" and saved["learning_rate"] == 2e-5
     again = load_config([path])
     assert again.to_flat() == config.to_flat()

@@ -501,16 +501,12 @@ def _validate_trainer(kwargs: dict[str, Any]) -> None:
 
 
 def write_config(config: RunConfig, path: str | os.PathLike) -> Path:
-    """Write ``config.yaml``: run settings, then every MRTPOConfig field, as used."""
+    """Write ``config.yaml``: run settings, then every MRTPOConfig field, as used; what the machine
+    decided (``use_cpu``, the CPU's dtype) only as comments (:mod:`mrtpo.saved_config`)."""
+    from mrtpo.saved_config import config_text
+
     path = Path(path)
-    flat = config.to_flat()
-    run_names = [f.name for f in dataclasses.fields(RunSettings)]
-    run_part = {k: flat[k] for k in run_names}
-    trainer_part = {k: v for k, v in flat.items() if k not in run_part}
-    text = ("# mrtpo train: every setting this run used. Re-run with `mrtpo train --config <this file>`.\n"
-            "# Run-level settings:\n" + yaml.safe_dump(run_part, sort_keys=False)
-            + "# MRTPOConfig (TRL GRPOConfig + credit assignment) fields:\n"
-            + yaml.safe_dump(trainer_part, sort_keys=False))
+    text = config_text(config)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
