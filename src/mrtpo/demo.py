@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -44,7 +43,9 @@ def _show_tokens(tokenizer, ids: list[int]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from mrtpo.hub import prepare_hub
+
+    prepare_hub()  # offline only where the user or the machine says so
     from tqdm import tqdm
 
     from mrtpo.credit import CreditBatch, compute_advantages, relevance_weights

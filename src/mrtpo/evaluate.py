@@ -407,8 +407,12 @@ def main(argv: list[str]) -> int:
     """Entry point of ``mrtpo eval``; returns the exit code (2 for a user error)."""
     argv = list(argv)
     # Before anything imports huggingface_hub (building the parser imports the tasks).
+    from mrtpo.hub import go_offline, prepare_hub
+
     if "--hub" not in argv:
-        os.environ["HF_HUB_OFFLINE"] = "1"
+        go_offline("mrtpo eval sets HF_HUB_OFFLINE=1 unless given --hub", lift="pass --hub to use the hub")
+    else:
+        prepare_hub()  # a user's HF_HUB_OFFLINE, else the quick check
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     args = _parser().parse_args(argv)  # argparse exits with 2 on bad options
     try:

@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from mrtpo.cli_help import HelpFormatter
@@ -135,6 +134,9 @@ def explain(model, tokenizer, task, example, completion_ids: list[int], completi
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    from mrtpo.hub import prepare_hub
+
+    prepare_hub()  # before anything loads; offline only where the user or the machine says so
     from mrtpo.evaluate import EvalUserError, load_model
     from mrtpo.models import ModelLoadError
     from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer

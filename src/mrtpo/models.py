@@ -375,12 +375,12 @@ def _strip_quantization(model) -> None:
 # --------------------------------------------------------------------------------------------
 # Loading.
 # --------------------------------------------------------------------------------------------
-def _load_dir(path: Path, dtype):
-    """Load a saved model folder without touching the network."""
+def _load_dir(path: Path, dtype, **init):
+    """Load a saved model folder without touching the network (``init``: more from_pretrained kwargs)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True, **_tokenizer_kwargs(init))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, **init)
     model.eval()
     return model, _finish_tokenizer(tok, model)
 
@@ -434,19 +434,20 @@ def load_policy(
     spec: str | os.PathLike | Preset = DEFAULT_MODEL,
     dtype: torch.dtype = torch.bfloat16,
     cache_dir: str | os.PathLike | None = None,
+    **init,
 ):
     """Return ``(model, tokenizer)`` for a preset, ``.gguf`` file, saved folder or hub id.
 
     The model is a transformers causal LM on CPU in ``dtype``, in eval mode; the tokenizer has
     a chat template and a pad token. GGUF sources go through the safetensors cache (see module
     docstring). Hub ids load with ``from_pretrained``; offline, they fail at once with a clear
-    error.
+    error. ``init``: more ``from_pretrained`` kwargs (checked by :mod:`mrtpo.model_init`).
     """
     src = resolve_model(spec)
     if src.kind == "hub":
-        return _load_hub(src.hub_id, dtype)
+        return _load_hub(src.hub_id, dtype, **init)
     if src.kind == "local":
-        return _load_dir(src.path, dtype)
+        return _load_dir(src.path, dtype, **init)
 
     if src.kind == "preset":
         preset = src.preset
@@ -466,37 +467,26 @@ def load_policy(
 
     if _read_marker(entry) is None:
         _build_cache(entry, record, make_gguf)
-    return _load_dir(entry, dtype)
+    return _load_dir(entry, dtype, **init)
 
 
-def _offline() -> bool:
-    try:
-        from huggingface_hub import constants
-
-        if constants.HF_HUB_OFFLINE:
-            return True
-    except Exception:  # pragma: no cover - huggingface_hub always present with transformers
-        pass
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"} or (
-        os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
-    )
+def _tokenizer_kwargs(init: dict) -> dict:
+    return {k: init[k] for k in ("revision", "trust_remote_code") if k in init}
 
 
-def _load_hub(hub_id: str, dtype):
-    """Load a hub model normally; offline (or unreachable) gives one clear error, fast."""
+def _load_hub(hub_id: str, dtype, **init):
+    """Load a hub model normally; offline (by the user's setting or mrtpo's check) fails at once, clearly."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    offline = _offline()
+    from mrtpo.hub import decide, offline_reason
+
+    offline = decide()
     try:
-        tok = AutoTokenizer.from_pretrained(hub_id, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype, local_files_only=offline)
+        tok = AutoTokenizer.from_pretrained(hub_id, local_files_only=offline, **_tokenizer_kwargs(init))
+        model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype, local_files_only=offline, **init)
     except (OSError, ValueError) as err:
-        why = (
-            "the model hub is offline here (HF_HUB_OFFLINE=1) and the model is not in the local "
-            "Hugging Face cache"
-            if offline
-            else "the model hub is unreachable or the id does not exist"
-        )
+        why = (f"the model hub is offline here ({offline_reason()}) and the model was not found in the local "
+               "Hugging Face cache" if offline else "the model hub is unreachable or the id (or revision) does not exist")
         raise ModelLoadError(
             f"cannot load hub model {hub_id!r}: {why}. Use a preset instead ({_preset_list()}; "
             f"default {DEFAULT_MODEL!r}, installed by `bash scripts/setup.sh`), a local folder "

@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The model hub is unreachable here; nothing may wait on a network timeout.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Offline only where the user or the machine says so: main() asks mrtpo.hub before anything loads.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from mrtpo.cli_help import HelpFormatter  # noqa: E402
@@ -168,23 +167,26 @@ def load_task_data(config: RunConfig) -> TaskData:
 
 
 def load_model(config: RunConfig, task: Any):
-    """``(model, tokenizer, warm start folder or None)``: the policy a run of ``config`` starts from."""
+    """``(model, tokenizer, warm start folder or None)``: the policy a run of ``config`` starts from, loaded
+    under its ``model_init_kwargs`` (:mod:`mrtpo.model_init`)."""
     import torch
 
-    from mrtpo.models import load_policy
+    from mrtpo.model_init import apply_model_init, hand_to_trl, load_with_init, run_model_init
 
-    run = config.run
-    dtype = getattr(torch, _DTYPES[run.dtype])
+    run, init = config.run, run_model_init(config)
+    hand_to_trl(config.args, init)
+    dtype = getattr(torch, _DTYPES[run.dtype if init.dtype == "auto" else init.dtype])
     if run.model == "gym":  # a gym task's warm-started tiny policy, built and cached on first use
-        return (*task.policy(dtype), None)
+        model, tokenizer = task.policy(dtype)
+        return apply_model_init(model, init), tokenizer, None
     from mrtpo.warm_start import load_warm_start, resolve_for_run
 
     warm, _ = resolve_for_run(run.warm_start, run.task, run.model)
     if warm is not None:  # e.g. toolcall: a short LoRA SFT so the format reward has spread (built once)
         model, tokenizer, folder = load_warm_start(run.model, warm, task, dtype=dtype)
         logger.info("warm start: starting from %s", folder)
-        return model, tokenizer, folder
-    return (*load_policy(run.model, dtype=dtype), None)
+        return apply_model_init(model, init), tokenizer, folder
+    return (*load_with_init(run.model, init), None)
 
 
 def build_trainer(config: RunConfig, data: TaskData | None = None):
@@ -372,9 +374,15 @@ def main(argv: list[str] | None = None) -> int:
         _print_keys()
         return 0
     main_process = int(os.environ.get("RANK", "0")) == 0  # torchrun / accelerate launch: write files once
+    from mrtpo.hub import HubError, prepare_hub
+    from mrtpo.model_init import run_model_init
+    from mrtpo.models import ModelLoadError
+
     try:
         config, checkpoint = resolve_from_argv(ns)
         run, args = config.run, config.args
+        run_model_init(config)  # model_init_kwargs checked before anything loads
+        prepare_hub(args.push_to_hub)  # offline only where the user or the machine says so; push_to_hub checked
         out = Path(args.output_dir)
         if checkpoint is not None and (step := checkpoint_step(checkpoint)) >= args.max_steps:
             _say(main_process, f"mrtpo train: {out} is already finished: {checkpoint.name} is at step {step} of "
@@ -385,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             if checkpoint is None:
                 check_fresh_folder(out, ns.overwrite)
             check_writable(out)
-    except ConfigError as exc:
+    except (ConfigError, ModelLoadError, HubError) as exc:
         return _error(exc)
     t0 = time.perf_counter()
     mode = f"LoRA r={run.lora_r}" if run.lora_r else "full fine-tuning"

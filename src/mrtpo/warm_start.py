@@ -408,7 +408,9 @@ def _parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from mrtpo.hub import prepare_hub
+
+    prepare_hub()  # offline only where the user or the machine says so
     ns = _parser().parse_args(argv)
     from mrtpo.models import DEFAULT_MODEL, ModelLoadError
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 import time
 from pathlib import Path
@@ -102,7 +101,9 @@ def _with_update_head(model, lora_r: int):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from mrtpo.hub import prepare_hub
+
+    prepare_hub()  # offline only where the user or the machine says so
     from mrtpo.models import load_policy
     from mrtpo.tasks import get_task
 

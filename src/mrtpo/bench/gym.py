@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -110,7 +109,9 @@ def summarise(rows: list[dict], methods: list[str], by: str = "reward") -> list[
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from mrtpo.hub import prepare_hub
+
+    prepare_hub()  # offline only where the user or the machine says so
     from tqdm.auto import tqdm
 
     from mrtpo.config import parse_overrides

@@ -17,7 +17,6 @@ as JSON (``runs/bench/lift-<task>.json``, with every completion's lifts and text
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -91,7 +90,9 @@ def summarise(rows: list[dict], methods: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from mrtpo.hub import prepare_hub
+
+    prepare_hub()  # offline only where the user or the machine says so
     from tqdm.auto import tqdm
 
     from mrtpo.models import load_policy

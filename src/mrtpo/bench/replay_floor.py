@@ -145,9 +145,9 @@ def profile_replay(fn: Callable[[], Any], device: torch.device, rows: int = 15) 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    import os
+    from mrtpo.hub import prepare_hub
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    prepare_hub()  # offline only where the user or the machine says so
     from mrtpo.bench.traffic import HostTraffic
     from mrtpo.models import load_policy
     from mrtpo.tasks import get_task
