@@ -3,8 +3,9 @@
 A user's ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is obeyed either way. Without one,
 :func:`decide` sends one HTTP HEAD to the hub endpoint (``HF_ENDPOINT``, default
 https://huggingface.co) with a :data:`CHECK_TIMEOUT_S` deadline (DNS included), once per process and
-endpoint. No answer: this process and its children run offline (``HF_HUB_OFFLINE=1``, with the reason in
-:data:`REASON_VAR`), so nothing later waits on a network timeout. Any HTTP answer counts as reachable.
+endpoint. No answer, or an HTTP error status (an interceptor or a blocking proxy): this process and its
+children run offline (``HF_HUB_OFFLINE=1``, with the reason in :data:`REASON_VAR`), so nothing later waits
+on a network timeout; ``HF_HUB_OFFLINE=0`` overrules the check.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import functools
 import os
 import sys
 import threading
-import urllib.error
 import urllib.request
 
 __all__ = ["CHECK_TIMEOUT_S", "DEFAULT_ENDPOINT", "REASON_VAR", "HubError", "decide",
@@ -62,11 +62,9 @@ def _probe(url: str, timeout: float) -> bool:
     def run() -> None:
         request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "mrtpo-hub-check"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout):
-                answer.append(True)
-        except urllib.error.HTTPError:
-            answer.append(True)  # the server answered (a 401/404/5xx is still the hub, or a proxy in front of it)
-        except Exception:  # noqa: BLE001 - DNS, refused, TLS, timeout: not reachable
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                answer.append(response.status < 400)
+        except Exception:  # noqa: BLE001 - DNS, refused, TLS, timeout, an HTTP error status: not usable
             answer.append(False)
 
     thread = threading.Thread(target=run, name="mrtpo-hub-check", daemon=True)
@@ -76,7 +74,8 @@ def _probe(url: str, timeout: float) -> bool:
 
 
 def hub_reachable(timeout: float = CHECK_TIMEOUT_S) -> bool:
-    """True when the hub endpoint answers within ``timeout`` seconds (cached per process and endpoint)."""
+    """True when the hub endpoint answers HEAD with a status below 400 within ``timeout`` seconds (cached per
+    process and endpoint)."""
     return _probe(endpoint(), timeout)
 
 
@@ -103,7 +102,7 @@ def decide() -> bool:
         return True  # set in code (huggingface_hub.constants.HF_HUB_OFFLINE = True)
     if hub_reachable():
         return False
-    go_offline(f"the hub endpoint {endpoint()} did not answer within {CHECK_TIMEOUT_S:g} s, so mrtpo set "
+    go_offline(f"the hub endpoint {endpoint()} gave no usable answer within {CHECK_TIMEOUT_S:g} s, so mrtpo set "
                "HF_HUB_OFFLINE=1")
     return True
 
