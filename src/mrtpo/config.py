@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from mrtpo.tasks import TASK_NAMES
+from mrtpo.tasks import TASK_NAMES, task_label, task_problem, task_ref, task_settings
 
 CONFIG_NAME = "config.yaml"
 KEYS_HINT = "the full list: `mrtpo train --list-keys` (or docs/training.md)"
@@ -61,7 +61,7 @@ class RunSettings:
     """Run-level settings: what to train on and how to build the model (not trainer fields)."""
 
     task: str = "sql"
-    """task to train on: toolcall, instructions or sql"""
+    """task to train on: a registered name (toolcall, instructions, sql, gym-*, a plugin's) or a task file path; a config file may hold a task: block (dataset, prompt, rewards; see mrtpo.tasks.from_config)"""
     model: str = "qwen2.5-coder-0.5b"
     """preset name, local model folder, .gguf file or hub id (anything mrtpo.models.load_policy takes)"""
     dtype: str = "float32"
@@ -383,7 +383,7 @@ def load_config(
                 merged.pop(other, None)
                 explicit.pop(other, None)
             tp = run_hints[key] if key in run_names else trainer_hints.get(key, Any)
-            merged[key] = _coerce(key, value, tp, source)
+            merged[key] = _coerce(key, task_ref(value, source) if key == "task" else value, tp, source)
             explicit[key] = source
 
     notes = []
@@ -395,6 +395,7 @@ def load_config(
     trainer_kwargs = {k: v for k, v in merged.items() if k not in run_names}
     run = RunSettings(**run_kwargs)
     _validate_run(run)
+    trainer_kwargs.update({k: v for k, v in task_settings(run.task).items() if k not in explicit})
     if run.model != "gym":
         from mrtpo.warm_start import WarmStartError, resolve_for_run
 
@@ -408,7 +409,7 @@ def load_config(
         trainer_kwargs["learning_rate"] = run.lora_learning_rate
     if trainer_kwargs.get("output_dir") in (None, ""):
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        trainer_kwargs["output_dir"] = str(Path("runs") / f"{run.task}-{trainer_kwargs.get('method', 'mrtpo')}-{stamp}")
+        trainer_kwargs["output_dir"] = str(Path("runs") / f"{task_label(run.task)}-{trainer_kwargs.get('method', 'mrtpo')}-{stamp}")
     if "report_to" in trainer_kwargs:
         _check_report_to(trainer_kwargs["report_to"])
     if "steps_per_generation" in explicit and "generation_batch_size" in explicit:
@@ -431,10 +432,8 @@ def load_config(
 
 
 def _validate_run(run: RunSettings) -> None:
-    if run.task not in TASK_NAMES:
-        close = difflib.get_close_matches(run.task, TASK_NAMES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown task {run.task!r}{hint}; choose one of {', '.join(TASK_NAMES)}")
+    if (problem := task_problem(run.task)) is not None:  # the live registry: plugin tasks and task files count
+        raise ConfigError(problem)
     if run.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {run.dtype!r}")
     if run.train_size is not None and run.train_size < 1:
