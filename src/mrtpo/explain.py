@@ -39,7 +39,7 @@ class ExplainError(ValueError):
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mrtpo explain", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    p.add_argument("--task", required=True, choices=TASK_NAMES, help="task of the example")
+    p.add_argument("--task", required=True, help=f"task of the example: {', '.join(TASK_NAMES)}, a plugin's, or a task file (.yaml)")
     p.add_argument("--index", type=int, default=0, help="example index within the split")
     p.add_argument("--split", default="train", help="train or eval")
     src = p.add_mutually_exclusive_group()
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.models import ModelLoadError
     from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
     from mrtpo.report.token_view import render_html
-    from mrtpo.tasks import get_task
+    from mrtpo.tasks import UnknownTaskError, get_task
+    from mrtpo.tasks.from_config import TaskFileError
 
     t0 = time.perf_counter()
     try:
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         if given is not None and not given.strip():
             raise ExplainError("the completion is empty; give some text (or neither option, for a greedy completion)")
         model, tokenizer, _ = load_model(args.model, dtype=args.dtype, device="cpu")
-    except (ExplainError, EvalUserError, ModelLoadError, TypeError) as exc:
+    except (ExplainError, EvalUserError, ModelLoadError, TypeError, UnknownTaskError, TaskFileError) as exc:
         print(f"mrtpo explain: {exc}", file=sys.stderr)
         return 2
     prompt = prompt_renderer(task, tokenizer)(example)

@@ -261,7 +261,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     # Defaults stay None here so a flag left out does not override a --config file; the help names
     # the value the run then gets.
-    p.add_argument("--task", choices=TASK_NAMES, help=f"task to train on (default: {run.task})")
+    p.add_argument("--task", help=f"task to train on: {', '.join(TASK_NAMES)}, one a plugin registers (MRTPO_PLUGINS), "
+                                  f"or a task file path/to/task.yaml (default: {run.task})")
     p.add_argument("--method", help=f"credit method: grpo, gdpo, mrtpo, contrast, entropy "
                                     f"(default: {TRAIN_DEFAULTS['method']})")
     p.add_argument("--config", action="append", default=[], metavar="YAML", help="config file (repeatable; later wins)")

@@ -29,6 +29,7 @@ from mrtpo.bench.learn.plan import (
 from mrtpo.bench.learn.report import fmt_mean_std
 from mrtpo.bench.learn.run import run_one
 from mrtpo.config import TASK_NAMES
+from mrtpo.tasks import task_label, task_problem
 
 __all__ = ["main"]
 
@@ -43,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                "output_dir, which the benchmark sets.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--task", required=True, choices=TASK_NAMES)
+    p.add_argument("--task", required=True, help=f"{', '.join(TASK_NAMES)}, a plugin's (MRTPO_PLUGINS) or a task file (.yaml)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="comma-separated credit methods; LABEL=METHOD adds a variant of a method under its own "
                         "name, whose settings --method-setting LABEL:key=value gives (e.g. bounded=mrtpo)")
@@ -200,6 +201,8 @@ def _main(ns, argv: list[str]) -> int:
     from mrtpo.models import ModelLoadError
     from mrtpo.config import ConfigError, parse_overrides
 
+    if (problem := task_problem(ns.task)) is not None:  # the live registry: plugin tasks count
+        raise BenchError(problem)
     methods, bases = method_variants(_list(ns.methods, str, "methods"))
     unknown = sorted({bases.get(m, m) for m in methods} - set(available_methods()))
     if unknown:
@@ -215,7 +218,7 @@ def _main(ns, argv: list[str]) -> int:
         raise BenchError(str(exc)) from None
     if ns.max_steps is not None:
         overrides["max_steps"] = ns.max_steps
-    out = Path(ns.out or Path("runs") / "bench" / f"learn-{ns.task}")
+    out = Path(ns.out or Path("runs") / "bench" / f"learn-{task_label(ns.task)}")
     method_settings: dict[str, dict[str, Any]] = {}
     for item in ns.method_setting:
         method, sep, setting = item.partition(":")
