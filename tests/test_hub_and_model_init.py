@@ -237,7 +237,8 @@ def test_build_trainer_applies_model_init_kwargs(tiny_folder, tmp_path):
     assert config.args.model_init_kwargs == {"dtype": "bfloat16", "attn_implementation": "eager"}  # TRL's copy
 
 
-def test_the_gym_policy_takes_attention_and_dtype(tmp_path):
+def test_the_gym_policy_takes_attention_and_dtype(tmp_path, monkeypatch):
+    monkeypatch.setenv("MRTPO_CACHE", str(tmp_path / "cache"))  # the shipped policy; nothing built elsewhere
     from mrtpo.config import load_config
     from mrtpo.tasks import get_task
     from mrtpo.train import load_model
@@ -246,6 +247,7 @@ def test_the_gym_policy_takes_attention_and_dtype(tmp_path):
                                     "model_init_kwargs": {"attn_implementation": "eager"}})
     model, _, _ = load_model(config, get_task("gym-constraints"))
     assert model.config._attn_implementation == "eager"
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
 def test_train_cli_one_step_with_model_init_kwargs(tiny_folder, tmp_path):
