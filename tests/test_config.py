@@ -87,7 +87,11 @@ def test_report_to_needs_the_package():
     if importlib.util.find_spec("wandb") is None:
         with pytest.raises(ConfigError, match=r"report_to='wandb' needs the 'wandb' package.*pip install wandb"):
             load_config([], {"report_to": "wandb"})
-    assert load_config([], {"report_to": "tensorboard"}).args.report_to == ["tensorboard"]
+    if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
+        with pytest.raises(ConfigError, match=r"mrtpo\[tensorboard\]"):  # an extra, not installed by default
+            load_config([], {"report_to": "tensorboard"})
+    else:
+        assert load_config([], {"report_to": "tensorboard"}).args.report_to == ["tensorboard"]
     assert load_config([], {}).args.report_to == []
 
 
