@@ -196,7 +196,7 @@ def _data_files(value: Any, folder: Path) -> list[Path]:
 def load_splits(spec: TaskSpec) -> dict[str, Any]:
     """The dataset's splits (name -> ``datasets.Dataset``), loaded offline from local files or a folder
     (without ``datasets``' progress bars)."""
-    from datasets.utils import tqdm as bars
+    from datasets import utils as bars
 
     quiet = bars.are_progress_bars_disabled()
     bars.disable_progress_bars()
