@@ -151,6 +151,8 @@ ERRORS = [
     (BASIC.replace("eval_fraction", "eval_fractoin"), ["unknown key 'eval_fractoin'", "did you mean 'eval_fraction'?"]),
     (BASIC.replace("eval_fraction: 0.2", "eval_split: validation"), ["no split 'validation'", "its splits: train"]),
     ("prompt: prompt\nrewards: [rewards.py:seen]\n", ["names no dataset"]),
+    (BASIC.replace("data.jsonl", "someone/no-such-dataset"), ["'someone/no-such-dataset' is neither a local file",
+                                                               "HF_HUB_OFFLINE"]),  # the hub is offline here
 ]
 
 
