@@ -348,8 +348,9 @@ HOSTILE_SINGLE_CALLS = [
     ("WITH RECURSIVE c(x) AS (SELECT '''' UNION ALL SELECT quote(x) FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
     ("WITH RECURSIVE c(x) AS (SELECT json_array(1) UNION ALL SELECT json_array(x, x) FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
     ("WITH RECURSIVE c(x) AS (SELECT 'a' UNION ALL SELECT x || x FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
-    # group_concat over a cross join: the value stops growing at the limit, the join runs on
-    ("SELECT length(group_concat(a.Name || b.Name)) FROM city a, city b", ErrorKind.TIMEOUT),
+    # group_concat over a cross join: which bound answers first depends on the CPU (the value reaches
+    # the length limit in ~1.8 s on a fast core; on a slower one the deadline comes first)
+    ("SELECT length(group_concat(a.Name || b.Name)) FROM city a, city b", (ErrorKind.TIMEOUT, ErrorKind.TOO_LARGE)),
     # a quadratic call (~0.1 s) on every row, ~1000 VM steps between progress checks: only the
     # worker kill stops these in time
     ("WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) SELECT sum(instr(a || Name, substr(a, 1, 45000) || 'y')) FROM s, city", ErrorKind.TIMEOUT),
@@ -360,12 +361,15 @@ HARD_BOUND_S = 2.5
 
 
 @pytest.mark.parametrize("sql, kind", HOSTILE_SINGLE_CALLS)
-def test_single_call_builders_fail_within_the_hard_bound(world: Path, sql: str, kind: ErrorKind) -> None:
+def test_single_call_builders_fail_within_the_hard_bound(
+    world: Path, sql: str, kind: ErrorKind | tuple[ErrorKind, ...]
+) -> None:
+    allowed = kind if isinstance(kind, tuple) else (kind,)
     before = _sha(world)
     t0 = time.monotonic()
     r = execute(world, sql)  # the default limits: 2 s deadline
     elapsed = time.monotonic() - t0
-    assert r.error is not None and r.error.kind is kind, r.error
+    assert r.error is not None and r.error.kind in allowed, r.error
     assert r.rows == ()
     assert elapsed < HARD_BOUND_S
     _assert_untouched(world, before)
