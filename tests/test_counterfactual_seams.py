@@ -2,7 +2,8 @@
 
 For every in_prompt evidence of every task, the counterfactual must equal the prompt rendered from
 messages written without that span, through both paths that build it: the library's
-``replay.counterfactual_prompt`` and the trainer's ``MRTPOTrainer._counterfactual``.
+``counterfactual.counterfactual_prompt`` and the trainer's ``MRTPOTrainer._counterfactual_texts``
+(:mod:`mrtpo.replay_plan`).
 """
 
 import re
@@ -11,6 +12,7 @@ import pytest
 from datasets import Dataset
 
 from mrtpo.counterfactual import counterfactual_prompt, cut, prompt_renderer
+from mrtpo.replay_plan import plan_group
 from mrtpo.rewards import VerifierReward
 from mrtpo.tasks import get_task
 from mrtpo.testing import tiny_policy
@@ -74,12 +76,15 @@ def both_paths(task, examples, tok, tmp_path):
     for ex in examples:
         original = render(ex)
         assert trainer._render(ex.messages) == original
-        for verifier in task.verifiers():
+        verifiers = task.verifiers()
+        for i, verifier in enumerate(verifiers):
             ev = verifier.evidence(ex)
             if ev is None or ev.placement != "in_prompt":
                 continue
             lib = counterfactual_prompt(ex, [ev], render, verifiers=[verifier.name])
-            ours = trainer._counterfactual(ex.messages, [ev], [verifier.name], ex.id)
+            alone = [ev if k == i else None for k in range(len(verifiers))]
+            (ours,) = trainer._counterfactual_texts({"prompt": ex.messages, "example_id": ex.id},
+                                                    plan_group([0], alone, [True] * len(verifiers), "per_reward"))
             assert ours == lib
             out[ex.id, verifier.name] = original, lib
     return out

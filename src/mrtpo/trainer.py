@@ -47,11 +47,12 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
-from mrtpo.counterfactual import counterfactual_text
 from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
 from mrtpo.fast_decode import fast_sampling
 from mrtpo.packing import can_pack, packed_logps
 from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
+from mrtpo.replay_plan import (CREDIT_FIELDS, GroupPlan, context_rule, counterfactual_texts, group_rows,
+                               needs_evidence, plan_group, plan_replays)
 from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer_config import (
@@ -91,12 +92,11 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             reward_weights=self.reward_weights.tolist(),
         )
         self._with_evidence = [declares_evidence(f) for f in self.reward_funcs]
-        if self.credit_method.needs in ("per_reward", "joint") and not any(self._with_evidence):
-            raise ValueError(
-                f"method {self.args.method!r} needs rewards with evidence, but none of {self.reward_func_names} "
-                "declares any: decorate them with @mrtpo.evidence(...) or wrap task verifiers in VerifierReward"
-            )
-        if self.credit_method.needs in ("per_reward", "joint"):
+        if needs_evidence(self.credit_method.needs):
+            if not any(self._with_evidence):
+                raise ValueError(
+                    f"method {self.args.method!r} needs rewards with evidence, but none of {self.reward_func_names} "
+                    "declares any: decorate them with @mrtpo.evidence(...) or wrap task verifiers in VerifierReward")
             self._check_evidence(self.train_dataset)
         self._last_rewards: Tensor | None = None
         self._update_skips_zero_rows = self._skips_zero_rows()
@@ -126,11 +126,17 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         if dataset is None or not hasattr(dataset, "__len__"):
             return
         for row in dataset:
-            example_id = str(row.get("example_id", "?"))
-            for func, name, has in zip(self.reward_funcs, self.reward_func_names, self._with_evidence):
-                ev = evidence_for(func, row) if has else None
-                if ev is not None:
-                    self._counterfactual(row["prompt"], [ev], [name], example_id)
+            evidences = self._evidences(row)
+            self._counterfactual_texts(row, plan_group([0], evidences, [True] * len(evidences), self.credit_method.needs))
+
+    def _evidences(self, row: dict) -> list[Evidence | None]:
+        """Each reward's evidence for this row's prompt (``None``: the reward declares none)."""
+        return [evidence_for(f, row) if has else None for f, has in zip(self.reward_funcs, self._with_evidence)]
+
+    def _counterfactual_texts(self, row: dict, group: GroupPlan) -> list[str]:
+        """The group's counterfactual prompts, rendered as TRL renders the prompt (:mod:`mrtpo.replay_plan`)."""
+        return counterfactual_texts(group, row["prompt"], self.reward_func_names, self._render,
+                                    header=self.args.privileged_header, example_id=str(row.get("example_id", "?")))
 
     # --- timing wrappers -------------------------------------------------------------------
     def _generate(self, prompts: list):
@@ -198,42 +204,6 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         # TRL tokenizes string prompts with the tokenizer's special tokens, chat prompts without.
         return self.processing_class(text=text, add_special_tokens=isinstance(prompt, str))["input_ids"]
 
-    def _counterfactual(self, prompt: Any, evidences: list[Evidence], names: list[str], example_id: str) -> str:
-        """The prompt with each ``in_prompt`` evidence removed and each ``privileged`` one appended
-        (:func:`mrtpo.counterfactual.counterfactual_text`, as ``mrtpo.counterfactual.counterfactual_prompt``)."""
-        return counterfactual_text(prompt, evidences, self._render, self.args.privileged_header,
-                                   verifiers=names, example_id=example_id)
-
-    def _contexts(self, row: dict, base_ids: list[int], evidences: list[Evidence | None],
-                  active: list[bool]) -> tuple[list[list[int]], list[tuple[int, Evidence]], int]:
-        """Token ids of the contexts the method replays for one group: the original prompt, then the
-        counterfactuals it needs; ``[]`` when the group needs no replay.
-
-        ``active`` ``K`` bools: rewards with a non-zero coefficient for some of the group's
-        completions (:func:`mrtpo.credit.reward_coefficients`). ``per_reward`` replays a reward's
-        counterfactual only where that reward is active; ``joint`` / ``entropy`` need their one map
-        where any reward is. Returns ``(contexts, replayed (reward index, evidence) pairs, counterfactual
-        contexts skipped)``.
-        """
-        prompt, example_id = row["prompt"], str(row.get("example_id", "?"))
-        present = [(i, ev) for i, ev in enumerate(evidences) if ev is not None]
-        needs = self.credit_method.needs
-        if needs == "per_reward":
-            replayed = [(i, ev) for i, ev in present if active[i]]
-            contexts = [base_ids] + [
-                self._tokenize(prompt, self._counterfactual(prompt, [ev], [self.reward_func_names[i]], example_id))
-                for i, ev in replayed]
-            return (contexts if replayed else []), replayed, len(present) - len(replayed)
-        if needs == "joint" and present:
-            if not any(active):
-                return [], [], 1
-            names = [self.reward_func_names[i] for i, _ in present]
-            joint = self._counterfactual(prompt, [ev for _, ev in present], names, example_id)
-            return [base_ids, self._tokenize(prompt, joint)], present, 0
-        if needs == "entropy" and any(active):
-            return [base_ids], [], 0
-        return [], [], 0
-
     def _replay(self, inputs: list[dict], out: dict, coefficients: Tensor | None = None) -> dict[str, Tensor | None]:
         """Relevance maps for this process's completions, as the credit method needs them.
 
@@ -254,80 +224,42 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             self.model.train(was_training)
 
     def _replay_eval_mode(self, inputs: list[dict], out: dict, coefficients: Tensor | None) -> dict[str, Tensor | None]:
-        needs = self.credit_method.needs
-        b, t_max = out["completion_ids"].shape
-        k = len(self.reward_funcs)
-        device = self.accelerator.device  # maps stay here until the step's last replay: one host copy per step
-        per_reward = torch.zeros(b, k, t_max, device=device) if needs == "per_reward" else None
-        joint = torch.zeros(b, t_max, device=device) if needs == "joint" else None
-        ent = torch.zeros(b, t_max, device=device) if needs == "entropy" else None
-        has_evidence = torch.zeros(b, k, dtype=torch.bool)
-        skipped = torch.zeros(b, k, dtype=torch.bool)  # a map the method uses, not computed (zero coefficient)
         # the step's few device tensors the plan reads come to the host once, as lists: the plan itself
         # (per group and per row) then makes no host sync, however many groups there are
-        nonzero = [[True] * k for _ in range(b)] if coefficients is None else (coefficients != 0).tolist()
         lengths = out["completion_mask"].sum(-1).long().cpu()
-        length_list = lengths.tolist()
         prompt_ids, prompt_mask = out["prompt_ids"].tolist(), out["prompt_mask"].tolist()
-        chunk, top_k, kind, temperature = (self.args.relevance_chunk_size, self.args.relevance_top_k,
-                                           self.args.relevance, self.temperature)
-        groups: dict[tuple, list[int]] = {}
-        for j, row in enumerate(inputs):
-            base_ids = tuple(token for token, keep in zip(prompt_ids[j], prompt_mask[j]) if keep)
-            groups.setdefault((str(row.get("example_id", j)), base_ids), []).append(j)
-        plan = []  # contexts of every group first: the forward-call count is agreed before any call
-        contexts_skipped = 0
-        for (_, base_ids), members in groups.items():
-            row = inputs[members[0]]
-            evidences = [evidence_for(f, row) if has else None for f, has in zip(self.reward_funcs, self._with_evidence)]
-            idx = torch.tensor(members)
-            active = [any(nonzero[j][i] for j in members) for i in range(k)]
-            contexts, replayed, dropped = self._contexts(row, list(base_ids), evidences, active)
-            contexts_skipped += dropped
-            if needs == "per_reward":
-                inactive = [i for i, ev in enumerate(evidences) if ev is not None and not active[i]]
-                skipped[idx.unsqueeze(1), torch.tensor(inactive, dtype=torch.long)] = True
-            elif not contexts and (needs == "entropy" or any(ev is not None for ev in evidences)):
-                skipped[idx] = True
-            n = max(length_list[j] for j in members)
-            if contexts and n > 0:
-                plan.append((replayed, contexts, idx, n))
+        base_ids = [[token for token, keep in zip(ids, keep_mask) if keep] for ids, keep_mask in zip(prompt_ids, prompt_mask)]
+        groups = group_rows([(str(row.get("example_id", j)), tuple(base_ids[j])) for j, row in enumerate(inputs)])
+        nonzero = None if coefficients is None else (coefficients != 0).tolist()
+        plan = plan_replays(groups, [self._evidences(inputs[rows[0]]) for rows in groups], lengths.tolist(),
+                            self.credit_method.needs, nonzero)
+        completion_ids = out["completion_ids"].cpu()  # one host copy; each pass sends its rows back in one
+        replays = []  # contexts of every group first: the forward-call count is agreed before any call
+        for group in plan.replayed:
+            row = inputs[group.rows[0]]
+            contexts = [base_ids[group.rows[0]]] + [self._tokenize(row["prompt"], text)
+                                                     for text in self._counterfactual_texts(row, group)]
+            replays.append(ReplayGroup(contexts, group.placements, completion_ids[group.rows, :group.width],
+                                       lengths[group.rows]))
         micro_batch, per_pass = self.args.replay_micro_batch, self.args.replay_groups_per_pass
         packed = self.args.packed_sequences and can_pack(self.model)
-        planned = replay_forward_calls([contexts for _, contexts, _, _ in plan], [len(idx) for _, _, idx, _ in plan],
+        planned = replay_forward_calls([r.contexts for r in replays], [len(r.lengths) for r in replays],
                                        micro_batch, per_pass, packed)
         target = self._agree_forward_calls(planned)
         counter = ForwardCounter()
-        completion_ids = out["completion_ids"].cpu()  # one host copy; each pass sends its rows back in one
-        replays = [ReplayGroup(contexts, [ev.placement for _, ev in replayed] if needs == "per_reward"
-                               else ["in_prompt"] * (len(contexts) - 1), completion_ids[idx, :n], lengths[idx])
-                   for replayed, contexts, idx, n in plan]
-        results = batch_relevance(self.model, replays, kind=kind, temperature=temperature, chunk_size=chunk, top_k=top_k,
-                                  with_entropy=needs == "entropy", micro_batch=micro_batch, groups_per_pass=per_pass,
+        results = batch_relevance(self.model, replays, kind=self.args.relevance, temperature=self.temperature,
+                                  chunk_size=self.args.relevance_chunk_size, top_k=self.args.relevance_top_k,
+                                  with_entropy=plan.entropy, micro_batch=micro_batch, groups_per_pass=per_pass,
                                   counter=counter, on_device=True, packed=packed)
-        for (replayed, _, idx, n), group in zip(plan, results):
-            if needs == "entropy":
-                ent[idx, :n] = group.entropy
-            elif needs == "joint":
-                joint[idx, :n] = group.maps[0]
-            else:
-                for c_idx, (reward_index, _) in enumerate(replayed):
-                    per_reward[idx, reward_index, :n] = group.maps[c_idx]
-                    has_evidence[idx, reward_index] = True
         if counter.calls != planned:
             raise RuntimeError(f"replay made {counter.calls} forward calls but planned {planned}: "
                                "replay_forward_calls no longer matches mrtpo.replay.pass_context_logits")
         self._pad_forward_calls(target - counter.calls)
         self.replay_forward_calls = target
-        replayed_rows = sum(len(idx) for _, _, idx, _ in plan)
-        self._replay_counts = {
-            "completions_replayed": replayed_rows, "completions_skipped": b - replayed_rows,
-            "contexts_replayed": sum(len(contexts) - 1 for _, contexts, _, _ in plan),
-            "contexts_skipped": contexts_skipped,
-        }
-        per_reward, joint, ent = (m.cpu() if m is not None else None for m in (per_reward, joint, ent))
-        return {"relevance": per_reward, "joint": joint, "entropy": ent, "has_evidence": has_evidence,
-                "skipped": skipped}
+        self._replay_counts = plan.counts()
+        # maps stay on the device until the step's last replay: one host copy per step
+        maps = plan.scatter(results, out["completion_ids"].shape[1], self.accelerator.device)
+        return {**{key: m.cpu() if m is not None else None for key, m in maps.items()}, "skipped": plan.skipped()}
 
     def _agree_forward_calls(self, calls: int) -> int:
         """The maximum over ranks of the replay forward calls each rank will make.
@@ -361,15 +293,12 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
 
         coefficients = reward_coefficients(self._last_rewards, self.num_generations, self.credit_config.reward_weights)
         start = time.perf_counter()
-        plan = coefficients[rows] if self.args.skip_zero_advantage else None  # None: every map is computed
-        maps = self._replay(inputs, out, plan) if self.credit_method.needs != "none" else {}
+        local = coefficients[rows] if self.args.skip_zero_advantage else None  # None: every map is computed
+        maps = self._replay(inputs, out, local) if context_rule(self.credit_method.needs).replays else {}
         self._timing["replay"] += time.perf_counter() - start
 
-        batch = CreditBatch(
-            rewards=self._last_rewards, group_size=self.num_generations, mask=mask,
-            relevance=maps.get("relevance"), joint_relevance=maps.get("joint"), entropy=maps.get("entropy"),
-            has_evidence=maps.get("has_evidence"), rows=rows,
-        )
+        batch = CreditBatch(rewards=self._last_rewards, group_size=self.num_generations, mask=mask, rows=rows,
+                            **{field: maps.get(field) for field in CREDIT_FIELDS})
         advantages = self.credit_method(batch, self.credit_config)
         self._trl_advantages = out["advantages"].detach().cpu()  # TRL's own (B,), kept for comparison
         out["advantages"] = advantages.to(device)
