@@ -1,5 +1,5 @@
 #!/bin/bash
-# The CPU learning comparisons in docs/results.md (issue #7): gdpo vs mrtpo, 3 seeds, on each task,
+# The CPU learning comparisons in docs/results/2026-12-03-bench-learn-real-tasks.md: gdpo vs mrtpo, 3 seeds, on each task,
 # with the CPU preset (configs/bench-learn-cpu.yaml) at 1 prompt x 4 completions per step, 6 steps.
 # Measured here (gdpo,mrtpo): 26 min (instructions), 18 min (sql); all five methods:
 # 54 min (instructions), 41 min (sql). toolcall starts from the SFT warm start (built on first use,

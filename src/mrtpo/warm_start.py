@@ -5,7 +5,7 @@ model never writes the instructed ``<tool_call>`` form on its own (docs/tasks/to
 tool-calling ``format`` reward starts at a constant 0. A few SFT steps on the task's *training*
 split, prompts rendered exactly as RL renders them and answers in the instructed form, move the
 format rate off 0; the default dose is the one that left most sampled groups with format spread
-(docs/results.md, "Tool calling warm start"), not 100 % format.
+(docs/results/2026-12-04-toolcall-warm-start.md), not 100 % format.
 
 What is trained: LoRA adapters (peft) on all linear layers, constant learning rate (so the model
 after ``k`` steps of a longer run is the model of a ``k``-step run), completion-only loss; then the
@@ -132,7 +132,7 @@ class WarmStartSettings:
 #: Tasks whose RL runs start from a warm start by default, with their settings (the dose table's pick).
 TASK_DEFAULTS: dict[str, WarmStartSettings] = {
     # 7 steps: format rate 0.65 at T = 1 and 24/32 sampled groups with format spread (5 / 6 / 8 steps:
-    # 0.08, 9/32 / 0.33, 25/32 / 0.84, 17/32; docs/results.md, "Tool calling warm start")
+    # 0.08, 9/32 / 0.33, 25/32 / 0.84, 17/32; docs/results/2026-12-04-toolcall-warm-start.md)
     "toolcall": WarmStartSettings(steps=7, text_tags=("<tool_call>", "</tool_call>")),
 }
 
