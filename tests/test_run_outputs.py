@@ -141,7 +141,7 @@ def test_a_failed_final_save_leaves_the_finished_model(tiny_dir, tmp_path, monke
 
 
 def test_base_model_names():
-    from mrtpo.evaluate_load import _base_from_adapter
+    from mrtpo.evaluate.load import _base_from_adapter
     from mrtpo.model_names import base_model_names, spec_for_base
 
     assert base_model_names("qwen2.5-coder-0.5b") == ("Qwen/Qwen2.5-Coder-0.5B-Instruct",) * 2
@@ -152,7 +152,7 @@ def test_base_model_names():
 
 
 def test_an_adapter_naming_a_presets_hub_id_loads_on_the_preset(tmp_path):
-    from mrtpo.evaluate_load import _base_from_adapter
+    from mrtpo.evaluate.load import _base_from_adapter
 
     (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}))
     assert _base_from_adapter(tmp_path, None) == "qwen2.5-coder-0.5b"

@@ -18,8 +18,8 @@ A run writes to ``--output-dir`` (alias ``--out``; default ``runs/eval/<task>-<s
 
 The trainer and the benchmarks call :func:`evaluate_model` on a model already in memory.
 Loading a model or checkpoint (:func:`load_model`, :func:`resolve_checkpoint`) lives in
-:mod:`mrtpo.evaluate_load` and the result files (:func:`render_markdown`) in
-:mod:`mrtpo.evaluate_results`; both are importable from here.
+:mod:`mrtpo.evaluate.load` and the result files (:func:`render_markdown`) in
+:mod:`mrtpo.evaluate.results`; both are importable from here.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from mrtpo.cli_help import HelpFormatter
-from mrtpo.evaluate_load import EvalUserError, load_model, resolve_checkpoint
-from mrtpo.evaluate_results import render_markdown, write_results
+from mrtpo.evaluate.load import EvalUserError, load_model, resolve_checkpoint
+from mrtpo.evaluate.results import render_markdown, write_results
 from mrtpo.machine import machine_info
 from mrtpo.tasks import TASK_NAMES
 
@@ -421,6 +421,3 @@ def main(argv: list[str]) -> int:
         print(f"mrtpo eval: error: {err}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
