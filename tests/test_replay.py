@@ -85,7 +85,7 @@ def test_replay_relevance_shapes_zero_rows_and_exact_zero_for_identical_contexts
     ex = example()
     completion = torch.tensor(tok("A river runs through it.", add_special_tokens=False)["input_ids"])
     evidences = [Evidence(FORMAT, "in_prompt"), None, Evidence("river", "privileged")]
-    result = replay_completion(model, tok, ex, completion, evidences, with_joint=True, with_entropy=True)
+    result = replay_completion(model, tok, ex, completion, evidences, needs=("per_reward", "joint", "entropy"))
     t = completion.numel()
     assert result.relevance.shape == (3, t) and result.has_evidence == [True, False, True]
     assert torch.equal(result.relevance[1], torch.zeros(t))

@@ -8,7 +8,8 @@ in that evidence:
 - ``privileged``: the original prompt (*without*) and the prompt with the evidence appended to the
   last user turn under a fixed header (*with*).
 
-Pure text and token bookkeeping: no model here. An ``in_prompt`` span that is not in the rendered
+Pure text bookkeeping: no model here; which counterfactuals a replay needs is decided in
+:mod:`mrtpo.replay_plan`. An ``in_prompt`` span that is not in the rendered
 prompt exactly once is an error (:class:`EvidenceNotFoundError`), never a silent no-op.
 """
 
@@ -170,40 +171,8 @@ def counterfactual_prompt(
                                header, verifiers=verifiers, example_id=example.id)
 
 
-def replay_contexts(
-    example: Example,
-    evidences: Sequence[Evidence | None],
-    render: PromptRenderer,
-    ids_of: Callable[[str], list[int]],
-    *,
-    names: Sequence[str],
-    per_reward: bool = True,
-    joint: bool = False,
-    header: str = DEFAULT_PRIVILEGED_HEADER,
-) -> tuple[list[list[int]], list[str], list[str]]:
-    """Token ids of one example's replay contexts, for :func:`group_relevance`.
-
-    Order: the original prompt; with ``per_reward`` one counterfactual per reward that has
-    evidence; with ``joint`` one counterfactual with all the evidence at once (``contrast``).
-    Returns ``(contexts, placements, names of the rewards with evidence)``; a joint context's
-    placement is ``in_prompt`` (the original carries the evidence, as for a removed span).
-    """
-    present = [(ev, n) for ev, n in zip(evidences, names) if ev is not None]
-    contexts = [ids_of(render(example))]
-    placements: list[str] = []
-    if per_reward:
-        for ev, n in present:
-            contexts.append(ids_of(counterfactual_prompt(example, [ev], render, header, verifiers=[n])))
-            placements.append(ev.placement)
-    if joint and present:
-        contexts.append(ids_of(counterfactual_prompt(example, [e for e, _ in present], render, header,
-                                                     verifiers=[n for _, n in present])))
-        placements.append("in_prompt")
-    return contexts, placements, [n for _, n in present]
-
-
 __all__ = [
     "DEFAULT_PRIVILEGED_HEADER", "EvidenceNotFoundError", "PromptRenderer", "append_privileged",
     "counterfactual_prompt", "counterfactual_text", "cut", "default_render_prompt", "prompt_renderer",
-    "remove_span", "replay_contexts",
+    "remove_span",
 ]

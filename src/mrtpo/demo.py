@@ -2,8 +2,9 @@
 
 Samples a group of completions for one training prompt, scores them with the task's verifiers,
 replays the whole group once per context (the prompt, and the prompt with or without each
-reward's evidence, as the trainer does), and turns the JS distances into per-reward token weights
-and per-token advantages (next to GDPO's uniform ones). Prints where each reward's credit went and
+reward's evidence: the contexts the trainer plans, :mod:`mrtpo.replay_plan`), and turns the JS
+distances into the registered ``mrtpo`` method's per-reward token weights and per-token advantages
+(:mod:`mrtpo.credit`, as training computes them; next to GDPO's uniform ones). Prints where each reward's credit went and
 writes an HTML token-credit view plus a JSON record.
 """
 
@@ -19,6 +20,9 @@ from pathlib import Path
 import torch
 
 from mrtpo.cli_help import HelpFormatter
+
+#: The credit method whose replays, weights and advantages the demo shows (the registered one, as training runs it).
+METHOD = "mrtpo"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -48,10 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     prepare_hub()  # offline only where the user or the machine says so
     from tqdm import tqdm
 
-    from mrtpo.credit import CreditBatch, compute_advantages, relevance_weights
+    from mrtpo.credit import CreditBatch, compute_advantages, get_method
     from mrtpo.models import load_policy
-    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer, replay_contexts
-    from mrtpo.replay import group_relevance
+    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
+    from mrtpo.replay import ReplayGroup, batch_relevance
+    from mrtpo.replay_plan import example_contexts, plan_replays
     from mrtpo.sampling import sample_group
     from mrtpo.report.token_view import CompletionView, CreditRow, render_html
     from mrtpo.tasks import get_task
@@ -85,21 +90,23 @@ def main(argv: list[str] | None = None) -> int:
     names = [v.name for v in verifiers]
     steps.update()
 
-    steps.set_postfix_str(f"replaying the group ({1 + sum(e is not None for e in evidences)} contexts)")
-    contexts, placements, _ = replay_contexts(example, evidences, render, ids_of, names=names)
-    group = group_relevance(model, contexts, placements, sampled, lengths, temperature=args.temperature)
+    credit = get_method(METHOD)
     t_max = sampled.shape[1]
+    plan = plan_replays([list(range(len(completions)))], [evidences], lengths.tolist(), credit.needs)
+    (group,) = plan.groups
+    steps.set_postfix_str(f"replaying the group ({1 + len(group.counterfactuals)} contexts)")
+    replays = [ReplayGroup(example_contexts(group, example, names, render, ids_of), group.placements, sampled, lengths)]
+    results = batch_relevance(model, replays if group.replayed else [], temperature=args.temperature,
+                              with_entropy=plan.entropy)
+    maps = plan.scatter(results, t_max)
     mask = (torch.arange(t_max).unsqueeze(0) < lengths.view(-1, 1)).float()
-    relevance = torch.zeros(len(completions), len(verifiers), t_max)
-    with_evidence = [k for k, ev in enumerate(evidences) if ev is not None]
-    for row, k in enumerate(with_evidence):
-        relevance[:, k] = group.maps[row]
+    relevance = maps["relevance"]
     steps.update()
 
-    batch = CreditBatch(rewards, args.group_size, mask, relevance=relevance, has_evidence=[e is not None for e in evidences])
-    mrtpo_adv = compute_advantages("mrtpo", batch)
+    batch = CreditBatch(rewards, args.group_size, mask, **maps)
+    mrtpo_adv = credit(batch)
     gdpo_adv = compute_advantages("gdpo", batch)
-    weights = torch.stack([relevance_weights(relevance[:, k], mask) if evidences[k] else mask for k in range(len(names))], 1)
+    weights = credit.weights(batch)  # (G, K, T): the weights training gives each reward
     steps.update()
     steps.close()
 
@@ -129,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     html_path.write_text(render_html(views, f"MRTPO token credit · {args.task} · {example.id}",
                                      f"Prompt evidence per reward; privileged evidence is appended under '{DEFAULT_PRIVILEGED_HEADER}'."))
     record = {
-        "model": args.model, "task": args.task, "example": example.id, "rewards": names,
+        "model": args.model, "task": args.task, "example": example.id, "method": METHOD, "rewards": names,
         "completions": [{"text": t, "rewards": r, "token_ids": c, "tokens": _show_tokens(tokenizer, c),
-                         "weights": weights[j, :, : len(c)].tolist(), "mrtpo_advantage": mrtpo_adv[j, : len(c)].tolist(),
+                         "weights": weights[j, :, : len(c)].tolist(), "relevance": relevance[j, :, : len(c)].tolist(),
+                         "has_evidence": maps["has_evidence"][j].tolist(), "mrtpo_advantage": mrtpo_adv[j, : len(c)].tolist(),
                          "gdpo_advantage": gdpo_adv[j, 0].item()}
                         for j, (t, r, c) in enumerate(zip(texts, rewards.tolist(), completions))],
     }

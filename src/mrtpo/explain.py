@@ -106,8 +106,7 @@ def explain(model, tokenizer, task, example, completion_ids: list[int], completi
     ids = torch.tensor(completion_ids, dtype=torch.long)
     result = replay_completion(
         model, tokenizer, example, ids, evidences, render=prompt_renderer(task, tokenizer), kind=relevance,
-        temperature=temperature, verifiers=names, with_joint=credit.needs == "joint",
-        with_entropy=credit.needs == "entropy",
+        temperature=temperature, verifiers=names, needs=("per_reward", credit.needs),  # each reward's map is shown
     )
     t = ids.numel()
     batch = CreditBatch(

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, PromptRenderer, default_render_prompt, replay_contexts
+from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, PromptRenderer, default_render_prompt
 from mrtpo.credit import paired_entropy, paired_relevance
+from mrtpo.replay_plan import example_contexts, plan_replays
 from mrtpo.verifiers import Evidence, Example
 
 
@@ -436,9 +437,9 @@ class ReplayResult:
     """Relevance of one completion. ``relevance`` ``(K, T)``: 0 rows where a reward has no evidence."""
 
     relevance: Tensor
-    has_evidence: list[bool]
-    joint: Tensor | None = None  # (T,) all evidence at once (contrast baseline)
-    entropy: Tensor | None = None  # (T,) the policy's own entropy (entropy baseline)
+    has_evidence: list[bool]  # the rewards whose own map was replayed
+    joint: Tensor | None = None  # (T,) all evidence at once (needs "joint"; 0 where no reward has evidence)
+    entropy: Tensor | None = None  # (T,) the policy's own entropy (needs "entropy")
 
 
 def replay_completion(
@@ -455,13 +456,13 @@ def replay_completion(
     top_k: int | None = None,
     header: str = DEFAULT_PRIVILEGED_HEADER,
     verifiers: Sequence[str] | None = None,
-    with_joint: bool = False,
-    with_entropy: bool = False,
+    needs: str | Sequence[str] = "per_reward",
 ) -> ReplayResult:
-    """Replay one completion ``(T,)`` of ``example`` under each reward's counterfactual.
-
-    ``1 + K_e`` contexts (plus one for ``with_joint``), through :func:`group_context_logits`. ``render`` turns an example into its prompt
-    string (default :func:`default_render_prompt`); it must be the renderer used for generation.
+    """Replay one completion ``(T,)`` of ``example`` under the contexts that the credit ``needs``
+    kinds ask for (:mod:`mrtpo.replay_plan`: ``per_reward`` the ``1 + K_e`` contexts, ``joint`` one
+    more, ``entropy`` the original's entropy), through :func:`batch_relevance`. ``render`` turns an
+    example into its prompt string (default :func:`default_render_prompt`); it must be the renderer
+    used for generation.
     """
     render = render or (lambda ex: default_render_prompt(ex, tokenizer))
     names = list(verifiers) if verifiers is not None else [f"reward_{k}" for k in range(len(evidences))]
@@ -471,23 +472,17 @@ def replay_completion(
 
     completion_ids = completion_ids.to(torch.long).cpu()
     t = completion_ids.numel()
-    contexts, placements, present = replay_contexts(example, evidences, render, ids_of, names=names, joint=with_joint,
-                                                    header=header)
-    group = group_relevance(model, contexts, placements, completion_ids.unsqueeze(0), torch.tensor([t]), kind=kind,
-                            temperature=temperature, chunk_size=chunk_size, top_k=top_k, with_entropy=with_entropy)
-    maps = [m[0] for m in group.maps]
-    rows, has, cursor = [], [], 0
-    for ev in evidences:
-        has.append(ev is not None)
-        if ev is None:
-            rows.append(torch.zeros(t))
-        else:
-            rows.append(maps[cursor])
-            cursor += 1
-    joint = maps[cursor] if with_joint and present else None
-    ent = group.entropy[0] if group.entropy is not None else None
-    relevance = torch.stack(rows) if rows else torch.zeros(0, t)
-    return ReplayResult(relevance=relevance.float(), has_evidence=has, joint=joint, entropy=ent)
+    plan = plan_replays([[0]], [list(evidences)], [t], needs)
+    replays = [ReplayGroup(example_contexts(group, example, names, render, ids_of, header=header), group.placements,
+                           completion_ids.unsqueeze(0), torch.tensor([t])) for group in plan.replayed]
+    results = batch_relevance(model, replays, kind=kind, temperature=temperature, chunk_size=chunk_size, top_k=top_k,
+                              with_entropy=plan.entropy)
+    maps = plan.scatter(results, t)
+    relevance = maps["relevance"]
+    return ReplayResult(relevance=(relevance[0] if relevance is not None else torch.zeros(len(evidences), t)).float(),
+                        has_evidence=maps["has_evidence"][0].tolist(),
+                        joint=None if maps["joint_relevance"] is None else maps["joint_relevance"][0],
+                        entropy=None if maps["entropy"] is None else maps["entropy"][0])
 
 
 __all__ = [

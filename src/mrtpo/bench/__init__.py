@@ -64,13 +64,14 @@ class WeighedGroup:
 
 def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, group_size: int, max_new_tokens: int,
                      config=None, kind: str = "js") -> WeighedGroup:
-    """Sample ``group_size`` completions of ``example``, replay them once under all the contexts
-    (per reward, joint, and the original's entropy) and give every method's token weights."""
+    """Sample ``group_size`` completions of ``example``, replay them once under every context the
+    methods need (:mod:`mrtpo.replay_plan`; always each reward's counterfactual) and give every
+    method's token weights."""
     import torch
 
     from mrtpo.credit import CreditBatch, CreditConfig, get_method
-    from mrtpo.counterfactual import replay_contexts
-    from mrtpo.replay import group_relevance
+    from mrtpo.replay import ReplayGroup, batch_relevance
+    from mrtpo.replay_plan import EACH, example_contexts, plan_replays
     from mrtpo.sampling import sample_group
 
     def ids_of(text: str) -> list[int]:
@@ -81,20 +82,18 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
     texts = [tokenizer.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
     rewards = torch.tensor([[float("nan") if (r := v(t, example)) is None else float(r) for v in verifiers]
                             for t in texts])
-    evidences = [v.evidence(example) for v in verifiers]
-    contexts, placements, present = replay_contexts(example, evidences, render, ids_of, names=names, joint=True)
-    result = group_relevance(model, contexts, placements, comps, lengths, kind=kind, with_entropy=True)
     g, t = comps.shape
+    plan = plan_replays([list(range(g))], [[v.evidence(example) for v in verifiers]], lengths.tolist(),
+                        ["per_reward", *(get_method(m).needs for m in methods)])
+    (group,) = plan.groups
+    contexts = example_contexts(group, example, names, render, ids_of)
+    replays = [ReplayGroup(contexts, group.placements, comps, lengths)] if group.replayed else []
+    maps = plan.scatter(batch_relevance(model, replays, kind=kind, with_entropy=plan.entropy), t)
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
-    relevance = torch.zeros(g, len(names), t)
-    for c, name in enumerate(present):
-        relevance[:, names.index(name)] = result.maps[c]
-    batch = CreditBatch(rewards, g, mask, relevance=relevance,
-                        has_evidence=torch.tensor([e is not None for e in evidences]),
-                        joint_relevance=result.maps[len(present)] if len(result.maps) > len(present) else None,
-                        entropy=result.entropy)
+    batch = CreditBatch(rewards, g, mask, **maps)
     weights = {m: get_method(m).weights(batch, config or CreditConfig()) for m in methods}
-    return WeighedGroup(comps, lengths, texts, rewards, contexts, placements, present, weights)
+    present = [names[cf.rewards[0]] for cf in group.counterfactuals if cf.rule == EACH]
+    return WeighedGroup(comps, lengths, texts, rewards, contexts, group.placements, present, weights)
 
 
 def write_record(out: Path, benchmark: str, command: str, rows: list[dict], **extra: Any) -> dict:

@@ -44,8 +44,9 @@ from mrtpo.bench.floors import (
 )
 from mrtpo.cli_help import HelpFormatter
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
-from mrtpo.counterfactual import prompt_renderer, replay_contexts
+from mrtpo.counterfactual import prompt_renderer
 from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, shared_lengths
+from mrtpo.replay_plan import example_contexts, plan_replays
 from mrtpo.sampling import sample_group
 
 
@@ -152,42 +153,28 @@ def main(argv: list[str] | None = None) -> int:
         method = get_method(method_name)
         model.load_state_dict(initial_state)
         counter = ForwardCounter()
-        relevance = torch.zeros(n_rows, len(verifiers), t_max) if method.needs == "per_reward" else None
-        joint = torch.zeros(n_rows, t_max) if method.needs == "joint" else None
-        ent = torch.zeros(n_rows, t_max) if method.needs == "entropy" else None
-        has = torch.zeros(n_rows, len(verifiers), dtype=torch.bool)
         naive, unique = [], []
         replay_start = time.perf_counter()
-        if method.needs != "none":
-            replays, plans = [], []
-            for g, (ex, _, comps, lengths) in enumerate(batch):
-                evidences = [v.evidence(ex) for v in verifiers]
-                contexts, placements, present = replay_contexts(ex, evidences, render, tokenize, names=names,
-                                                                per_reward=method.needs == "per_reward",
-                                                                joint=method.needs == "joint")
-                n = int(lengths.max())
-                replays.append(ReplayGroup(contexts, placements, comps[:, :n], lengths))
-                plans.append((slice(g * args.group_size, (g + 1) * args.group_size), n, contexts, present))
-                comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
-                naive += [(list(ctx) + c, len(c) + 1) for ctx in contexts for c in comp_lists]
-                distinct = [list(ctx) for ctx in dict.fromkeys(tuple(ctx) for ctx in contexts)]
-                unique.append((distinct[0], 1))  # the original once, each context from where it departs
-                unique += [(ctx[s:], 1) for ctx, s in zip(distinct[1:], shared_lengths(distinct)[1:])]
-                unique += [(c, len(c)) for _ in distinct for c in comp_lists]  # every completion per context
-            results = batch_relevance(model, replays, temperature=1.0, top_k=args.top_k, counter=counter,
-                                      with_entropy=method.needs == "entropy", groups_per_pass=args.groups_per_pass or None)
-            for (sl, n, contexts, present), result in zip(plans, results):
-                if method.needs == "entropy":
-                    ent[sl, :n] = result.entropy
-                elif method.needs == "joint" and len(contexts) > 1:
-                    joint[sl, :n] = result.maps[0]
-                elif method.needs == "per_reward":
-                    for c_idx, k in enumerate([names.index(nm) for nm in present]):
-                        relevance[sl, k, :n] = result.maps[c_idx]
-                        has[sl, k] = True
+        plan = plan_replays([list(range(g * args.group_size, (g + 1) * args.group_size)) for g in range(len(batch))],
+                            [[v.evidence(ex) for v in verifiers] for ex, *_ in batch],
+                            [int(n) for *_, lengths in batch for n in lengths], method.needs)
+        replays = []
+        for group, (ex, _, comps, lengths) in zip(plan.groups, batch):
+            if not group.replayed:
+                continue
+            contexts = example_contexts(group, ex, names, render, tokenize)
+            replays.append(ReplayGroup(contexts, group.placements, comps[:, :group.width], lengths))
+            comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
+            naive += [(list(ctx) + c, len(c) + 1) for ctx in contexts for c in comp_lists]
+            distinct = [list(ctx) for ctx in dict.fromkeys(tuple(ctx) for ctx in contexts)]
+            unique.append((distinct[0], 1))  # the original once, each context from where it departs
+            unique += [(ctx[s:], 1) for ctx, s in zip(distinct[1:], shared_lengths(distinct)[1:])]
+            unique += [(c, len(c)) for _ in distinct for c in comp_lists]  # every completion per context
+        results = batch_relevance(model, replays, temperature=1.0, top_k=args.top_k, counter=counter,
+                                  with_entropy=plan.entropy, groups_per_pass=args.groups_per_pass or None)
+        maps = plan.scatter(results, t_max)
         replay_s = time.perf_counter() - replay_start
-        credit = CreditBatch(rewards, args.group_size, mask, relevance=relevance, has_evidence=has if relevance is not None else None,
-                             joint_relevance=joint, entropy=ent)
+        credit = CreditBatch(rewards, args.group_size, mask, **maps)
         advantages = method(credit, CreditConfig())
         update_s = update_seconds(model, update_batch(advantages), "shared")
         row = {"method": method_name, "needs": method.needs, "generation_s": generation_s, "scoring_s": scoring_s,

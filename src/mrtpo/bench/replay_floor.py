@@ -56,7 +56,8 @@ def replay_batch(task: Any, tokenizer: Any, prompts: int, group_size: int, new_t
     """The first ``prompts`` train examples of ``task`` as mrtpo replays them: per group the original
     prompt and each reward's counterfactual, with ``group_size`` random completions ``(G, T)`` of
     ``new_tokens`` ordinary tokens each (on the host, as the trainer hands them over)."""
-    from mrtpo.counterfactual import prompt_renderer, replay_contexts
+    from mrtpo.counterfactual import prompt_renderer
+    from mrtpo.replay_plan import example_contexts, plan_group
 
     render = prompt_renderer(task, tokenizer)
     verifiers = task.verifiers()
@@ -68,10 +69,11 @@ def replay_batch(task: Any, tokenizer: Any, prompts: int, group_size: int, new_t
 
     groups = []
     for example in task.load("train", limit=prompts):
-        contexts, placements, _ = replay_contexts(example, [v.evidence(example) for v in verifiers], render, tokenize,
-                                                  names=names, per_reward=True)
+        group = plan_group(list(range(group_size)), [v.evidence(example) for v in verifiers], [True] * len(verifiers),
+                           "per_reward", new_tokens)
         completions = torch.randint(0, tokenizer.vocab_size, (group_size, new_tokens), generator=generator)
-        groups.append(ReplayGroup(contexts, placements, completions, torch.full((group_size,), new_tokens)))
+        groups.append(ReplayGroup(example_contexts(group, example, names, render, tokenize), group.placements,
+                                  completions, torch.full((group_size,), new_tokens)))
     return groups
 
 
