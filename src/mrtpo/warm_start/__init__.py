@@ -16,7 +16,7 @@ Cache: like the model cache, built on first use: ``<model cache root>/warm-start
 data>-<key>``, the key a hash of the settings, the base model's identity and the data's identity
 (task name, categories and prompt text, or the data file's sha256). Written atomically.
 
-Data (:mod:`mrtpo.warm_start_data`): a task's own pairs (``task.warm_start_pairs()``: ``(Example,
+Data (:mod:`mrtpo.warm_start.data`): a task's own pairs (``task.warm_start_pairs()``: ``(Example,
 answer text)``, training split only) or a JSONL file of the user's.
 """
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrtpo.warm_start_data import (
+from mrtpo.warm_start.data import (
     WarmStartError,
     completion_for,
     file_rows,
@@ -445,6 +445,3 @@ def main(argv: list[str] | None = None) -> int:
           f"mrtpo eval --model {out}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
