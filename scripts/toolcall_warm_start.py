@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from peft import PeftModel
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    from mrtpo.config import cpu_flags
+    from mrtpo.machine import cpu_flags
     from mrtpo.evaluate import evaluate_model
     from mrtpo.models import load_policy
     from mrtpo.counterfactual import counterfactual_text

@@ -140,14 +140,14 @@ SAPPHIRE = AVX2 | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}  # an Intel
     (SAPPHIRE, True, "float32", "float32", "CPU with AVX512_BF16/AMX_BF16: float32 weights as configured"),
 ])
 def test_cpu_dtype_follows_the_cpus_bf16_features_and_the_user_wins(flags, lora, given, dtype, line):
-    from mrtpo.config import choose_cpu_dtype
+    from mrtpo.machine import choose_cpu_dtype
 
     chosen, why = choose_cpu_dtype(flags, lora, given)
     assert chosen == dtype and line in why
 
 
 def test_cpu_flags_read_from_cpuinfo(tmp_path):
-    from mrtpo.config import cpu_flags
+    from mrtpo.machine import cpu_flags
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 amx_bf16 avx512_bf16\n\n"
@@ -158,9 +158,9 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path):
 
 @pytest.mark.parametrize("flags, dtype", [(AVX2, "float32"), (SAPPHIRE, "bfloat16")])
 def test_load_config_chooses_the_lora_base_dtype_on_a_cpu(monkeypatch, flags, dtype):
-    import mrtpo.config as config_module
+    import mrtpo.machine
 
-    monkeypatch.setattr(config_module, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(mrtpo.machine, "cpu_flags", lambda: flags)
     config = load_config([], {"lora_r": 8, "use_cpu": True})
     assert config.run.dtype == dtype and len(config.notes) == 1
     assert config.notes[0].endswith("; activation checkpointing off; the update runs each distinct prompt once "

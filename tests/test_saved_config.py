@@ -9,10 +9,10 @@ from mrtpo.config import load_config, write_config
 
 
 def _cpu_machine(monkeypatch, flags=frozenset({"avx512_bf16"})):
-    import mrtpo.config
+    import mrtpo.machine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(mrtpo.config, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(mrtpo.machine, "cpu_flags", lambda: flags)
 
 
 def test_a_cpu_runs_file_does_not_pin_the_cpu_on_a_gpu_machine(tmp_path, monkeypatch):
@@ -29,19 +29,19 @@ def test_a_cpu_runs_file_does_not_pin_the_cpu_on_a_gpu_machine(tmp_path, monkeyp
 
     # The same file on a machine with CUDA (no CPU defaults): the trainer gets neither use_cpu nor bf16
     # from it, so TRL's GPU defaults apply (this machine has no GPU to build that config on: record it).
-    import mrtpo.config
-    import mrtpo.trainer
+    import mrtpo.machine
+    import mrtpo.trainer_config
 
     class Built(Exception):
         pass
 
-    class Recording(mrtpo.trainer.MRTPOConfig):
+    class Recording(mrtpo.trainer_config.MRTPOConfig):
         def __init__(self, **kwargs):
             raise Built(kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(mrtpo.config, "_cpu_defaults", lambda: {})
-        m.setattr(mrtpo.trainer, "MRTPOConfig", Recording)
+        m.setattr(mrtpo.machine, "cpu_run_defaults", lambda: {})
+        m.setattr(mrtpo.trainer_config, "MRTPOConfig", Recording)
         with pytest.raises(Built) as built:
             load_config([path])
     kwargs = built.value.args[0]

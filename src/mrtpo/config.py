@@ -1,10 +1,10 @@
 """The settings of a training run: layers, aliases, validation, and the ``config.yaml`` of a run.
 
 Settings come in layers, later ones winning: the built-in defaults (:data:`TRAIN_DEFAULTS`,
-with CPU-safe overrides when no GPU is present), a base (the saved ``config.yaml`` of a resumed
+with CPU-safe overrides when no GPU is present, :func:`mrtpo.machine.cpu_run_defaults`), a base (the saved ``config.yaml`` of a resumed
 run, a benchmark preset), each config file in order, then the overrides (named flags and
 ``key=value``). Every key is either a run-level setting (:class:`RunSettings`) or a field of
-:class:`~mrtpo.trainer.MRTPOConfig` (TRL's GRPOConfig plus the credit knobs); deprecated
+:class:`~mrtpo.trainer_config.MRTPOConfig` (TRL's GRPOConfig plus the credit knobs); deprecated
 transformers names are stored under their new name; an unknown key is an error that suggests the
 closest valid one (:func:`valid_keys` lists them all).
 """
@@ -32,15 +32,12 @@ CONFIG_NAME = "config.yaml"
 KEYS_HINT = "the full list: `mrtpo train --list-keys` (or docs/training.md)"
 
 __all__ = [
-    "BF16_CPU_FLAGS",
     "CONFIG_NAME",
     "TASK_NAMES",
     "TRAIN_DEFAULTS",
     "ConfigError",
     "RunConfig",
     "RunSettings",
-    "choose_cpu_dtype",
-    "cpu_flags",
     "load_config",
     "parse_overrides",
     "read_yaml",
@@ -108,15 +105,6 @@ TRAIN_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _cpu_defaults() -> dict[str, Any]:
-    """On a machine without CUDA: train on the CPU in fp32 (TRL defaults to bf16 + checkpointing)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return {}
-    return {"use_cpu": True, "bf16": False, "activation_checkpointing": False}
-
-
 def _update_path_note(merged: dict[str, Any]) -> str:
     """How the update will run, and why: activation checkpointing excludes the shared-prompt update."""
     if merged.get("activation_checkpointing"):
@@ -125,40 +113,6 @@ def _update_path_note(merged: dict[str, Any]) -> str:
     if merged.get("shared_prompt_update", True) is False:
         return "activation checkpointing off; shared_prompt_update off, so the update runs every row whole"
     return "activation checkpointing off; the update runs each distinct prompt once (shared_prompt_update)"
-
-
-#: ``/proc/cpuinfo`` flags of native bf16 matrix instructions; without one, bf16 matmuls take slow paths.
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags (the first ``flags`` line of ``cpuinfo``; empty where there is none)."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
-
-
-def choose_cpu_dtype(flags: frozenset[str], lora: bool, given: str | None = None) -> tuple[str, str]:
-    """``(dtype, one line saying why)`` for a CPU run with these feature ``flags``.
-
-    bf16 only pays for frozen base weights (``lora``) on a CPU with native bf16 matmuls
-    (:data:`BF16_CPU_FLAGS`); trainable weights stay float32. ``given``: the user's own dtype, which wins.
-    """
-    fast = [f for f in BF16_CPU_FLAGS if f in flags]
-    cpu = f"CPU with {'/'.join(fast).upper()}" if fast else "CPU without AVX512-BF16/AMX"
-    if given is not None:
-        slow = " (bf16 matmuls are slow here; float32 would be faster)" if given == "bfloat16" and not fast else ""
-        return given, f"{cpu}: {given} weights as configured{slow}"
-    if not lora:
-        return "float32", f"{cpu}: float32 weights (full fine-tuning trains them; bf16 weights would lose the updates)"
-    if fast:
-        return "bfloat16", f"{cpu}: bfloat16 base weights (native bf16 matmuls; the LoRA adapters train in float32)"
-    return "float32", f"{cpu}: float32 weights (bf16 matmuls are slow here)"
 
 
 #: Deprecated transformers names accepted in configs and stored under the new name.
@@ -184,7 +138,7 @@ def _field_docs() -> dict[str, str]:
 
 
 def _trainer_fields() -> dict[str, dataclasses.Field]:
-    from mrtpo.trainer import MRTPOConfig
+    from mrtpo.trainer_config import MRTPOConfig
 
     return {f.name: f for f in dataclasses.fields(MRTPOConfig) if f.init}
 
@@ -360,7 +314,8 @@ def load_config(
     (checked here, before any model loads), and passes MRTPOConfig's own validation errors on as
     ConfigError.
     """
-    from mrtpo.trainer import MRTPOConfig
+    from mrtpo.machine import choose_cpu_dtype, cpu_flags, cpu_run_defaults
+    from mrtpo.trainer_config import MRTPOConfig
 
     known = valid_keys()
     layers: list[tuple[str, dict[str, Any]]] = []
@@ -371,7 +326,7 @@ def load_config(
     if overrides:
         layers.append(("command line", overrides))
 
-    merged: dict[str, Any] = {**TRAIN_DEFAULTS, **_cpu_defaults()}
+    merged: dict[str, Any] = {**TRAIN_DEFAULTS, **cpu_run_defaults()}
     explicit: dict[str, str] = {}
     run_hints, trainer_hints = _type_hints(RunSettings), _type_hints(MRTPOConfig)
     run_names = {f.name for f in dataclasses.fields(RunSettings)}

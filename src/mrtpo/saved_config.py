@@ -2,7 +2,7 @@
 
 Some settings are decided by the machine the run started on unless the user set them: ``use_cpu``
 (no CUDA here), the mixed-precision flags TRL derives from the device (``bf16``, ``fp16``), and the
-weights' ``dtype`` a CPU picks from its bf16 features (:func:`mrtpo.config.choose_cpu_dtype`).
+weights' ``dtype`` a CPU picks from its bf16 features (:func:`mrtpo.machine.choose_cpu_dtype`).
 Stored as settings, they would be re-applied wherever the file is loaded, so a GPU machine re-running
 a CPU run's file would train on the CPU. They are written as comments instead, under their own
 heading: a reader sees what this machine chose, and a re-run decides them again for its own machine.

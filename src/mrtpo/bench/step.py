@@ -201,7 +201,7 @@ def _line(name: str, cell: dict[str, float], floor: bool) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from mrtpo.config import cpu_flags
+    from mrtpo.machine import cpu_flags
 
     args = _parse(argv)
     methods = method_list(args.methods)
