@@ -1,11 +1,13 @@
 """The credit methods of SPEC §1, side by side, behind one registry.
 
 Each method declares which relevance it *needs* (none, one map per reward, one joint map, or the
-policy's entropy) so the trainer runs exactly those replays and never branches on method names:
+policy's entropy) so every caller runs exactly those replays and never branches on method names:
+the contexts each ``needs`` kind replays are a row of :data:`mrtpo.replay_plan.CONTEXT_RULES`, whose
+plan fills the batch's maps.
 
     method = get_method(config.method)
-    if method.needs == "per_reward": ...  # run the 1 + K_e replay forwards
-    advantages = method(batch, credit_config)   # (N, T)
+    plan = plan_replays(groups, evidences, lengths, method.needs)   # mrtpo.replay_plan
+    advantages = method(CreditBatch(rewards, g, mask, **plan.scatter(results, t)), credit_config)   # (N, T)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor
 from mrtpo.credit.advantages import gdpo_advantages, grpo_advantages, token_advantages
 from mrtpo.credit.weights import relevance_weights
 
+#: What a method's weights read; a new kind also needs its row in ``mrtpo.replay_plan.CONTEXT_RULES``.
 NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy")
 #: Sequence-level advantages a method's token advantages average to (per completion, over its mask).
 SEQUENCE_ADVANTAGES: tuple[str, ...] = ("grpo", "gdpo")
