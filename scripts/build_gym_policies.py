@@ -28,7 +28,6 @@ def _build(family: str, seed: int, cache: str) -> str:
     import torch
 
     torch.set_num_threads(1)
-    import mrtpo.gym.task  # noqa: F401  (registers the gym tasks)
     from mrtpo.gym.policy import ensure_warm_start
     from mrtpo.tasks import get_task
 

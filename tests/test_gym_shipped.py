@@ -10,7 +10,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import mrtpo.gym.task  # noqa: F401  (registers the gym tasks)
 from mrtpo.gym import shipped
 from mrtpo.gym.shipped import POLICIES_DIR, SHIPPED_MANIFEST_SHA256, ShippedPolicyError, shipped_policies, shipped_policy
 from mrtpo.tasks import get_task

@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-import mrtpo.gym.task  # noqa: F401  (registers the gym tasks)
 from mrtpo.gym import answer, call, constraints
 from mrtpo.gym.vocab import WORDS, gym_tokenizer
 from mrtpo.counterfactual import remove_span
@@ -120,6 +119,14 @@ def test_demonstrator_meets_rewards_near_its_rate_and_outputs_score(name):
     assert all(0.1 < r < 0.95 for r in rates), rates  # spread: neither never nor always met
     metrics = task.evaluate(["garbage ( ( </ans>", ""], examples[:2])
     assert metrics["n"] == 2 and 0.0 <= metrics["all_correct"] <= 1.0
+
+
+def test_the_registry_registers_every_family_under_its_name():
+    from mrtpo.gym.task import FAMILIES
+    from mrtpo.tasks import GYM_TASK_NAMES, TASK_NAMES
+
+    assert GYM_TASK_NAMES == GYM == tuple(f.name for f in FAMILIES) and set(GYM) <= set(TASK_NAMES)
+    assert [type(get_task(name)) for name in GYM] == list(FAMILIES)
 
 
 def test_splits_are_deterministic_and_disjoint():

@@ -13,7 +13,6 @@ import sys
 import pytest
 import torch
 
-import mrtpo.gym.task  # noqa: F401  (registers the gym tasks)
 from mrtpo.bench.gym import completion_precision, rank_correlation
 from mrtpo.gym.policy import ensure_warm_start, policy_spec, warm_start_dir
 from mrtpo.tasks import get_task

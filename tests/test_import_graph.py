@@ -68,6 +68,11 @@ def test_no_import_points_up_a_floor():
     assert upward == []
 
 
+def test_the_gym_knows_nothing_of_the_task_registry():
+    """One direction: ``tasks`` registers the gym's families; no gym module imports ``tasks``."""
+    assert [path for path, unit, other in _arrows() if unit == "gym" and other == "tasks"] == []
+
+
 def test_the_check_sees_lazy_and_dotted_imports(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text("import mrtpo.bench.learn\n\ndef f():\n    from mrtpo.train import build_trainer\n"

@@ -1,5 +1,6 @@
-"""The gym tasks, registered like the real ones: ``gym-constraints``, ``gym-answer``, ``gym-call``,
-``gym-overlap`` (the control) and ``gym-tradeoff`` (rewards that trade off inside a response).
+"""The gym tasks: ``gym-constraints``, ``gym-answer``, ``gym-call``, ``gym-overlap`` (the control) and
+``gym-tradeoff`` (rewards that trade off inside a response). :mod:`mrtpo.tasks` registers them
+(:data:`FAMILIES`) like the real ones; nothing here knows of the registry.
 
 Each task generates its train and held-out prompts from a seed (held-out prompts from another
 stream), names its rewards (verifiers with evidence), scores held-out outputs, reports each
@@ -17,7 +18,6 @@ from typing import Any
 from mrtpo.gym import answer, call, constraints
 from mrtpo.gym.base import GymVerifier, Words, example_rng
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, append_privileged
-from mrtpo.tasks import register_task
 from mrtpo.verifiers import Example
 
 SPLITS = ("train", "eval")
@@ -165,7 +165,6 @@ class GymTask:
         return append_privileged(messages, text, self.settings.privileged_header)
 
 
-@register_task("gym-constraints")
 class ConstraintsTask(GymTask):
     """Topic + ``num_clauses`` clauses (include, avoid, start, end, before, count, length)."""
 
@@ -207,7 +206,6 @@ class ConstraintsTask(GymTask):
         return constraints.without_clauses(example, hidden), words
 
 
-@register_task("gym-overlap")
 class OverlapTask(ConstraintsTask):
     """The control: two rewards (at least once, at least twice) on one clause, same evidence and positions."""
 
@@ -215,7 +213,6 @@ class OverlapTask(ConstraintsTask):
     overlap = True
 
 
-@register_task("gym-answer")
 class AnswerTask(GymTask):
     """Transform the items (copy / reverse / keep a category) inside ``<ans> </ans>``: format, valid, result."""
 
@@ -238,7 +235,6 @@ class AnswerTask(GymTask):
         return messages, words
 
 
-@register_task("gym-call")
 class CallTask(GymTask):
     """One call against a listed schema, wrapped in ``<call> </call>``: format, correctness."""
 
@@ -260,7 +256,6 @@ class CallTask(GymTask):
         return messages, words
 
 
-@register_task("gym-tradeoff")
 class TradeoffTask(ConstraintsTask):
     """The conflict shape: two rules on disjoint tokens (``start with W``: the first word; ``end with Z``:
     the last) that the demonstrator, and so the warm-started policy, mostly meets one at a time.
@@ -306,7 +301,8 @@ class TradeoffTask(ConstraintsTask):
 TRADEOFF_KINDS = ("start", "end")
 TRADEOFF_BOTH = 0.1
 
-GYM_TASKS = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
+#: Every gym family, in the order of :data:`mrtpo.tasks.GYM_TASK_NAMES` (which registers them by ``name``).
+FAMILIES: tuple[type[GymTask], ...] = (ConstraintsTask, AnswerTask, CallTask, OverlapTask, TradeoffTask)
 
-__all__ = ["GYM_TASKS", "HELDOUT_METRICS", "SPLITS", "TRADEOFF_BOTH", "TRADEOFF_KINDS", "AnswerTask", "CallTask",
+__all__ = ["FAMILIES", "HELDOUT_METRICS", "SPLITS", "TRADEOFF_BOTH", "TRADEOFF_KINDS", "AnswerTask", "CallTask",
            "ConstraintsTask", "GymSettings", "GymTask", "OverlapTask", "TradeoffTask"]

@@ -1,7 +1,9 @@
 """Task families. Each task module owns loading its benchmark, building prompts, its verifiers and
 its held-out scoring; it knows nothing about trainers or the credit math.
 
-Tasks register themselves by name with :func:`register_task`; :func:`get_task` looks them up.
+Tasks register themselves by name with :func:`register_task`; :func:`get_task` looks them up. The
+credit gym's synthetic families are tasks too: their classes live in :mod:`mrtpo.gym.task`, which
+knows nothing of this registry; they are registered here (:data:`GYM_TASK_NAMES`) on first use.
 """
 
 from __future__ import annotations
@@ -45,14 +47,11 @@ _BUILTIN_MODULES: dict[str, str] = {
     "toolcall": "mrtpo.tasks.toolcall",
     "instructions": "mrtpo.tasks.instructions",
     "sql": "mrtpo.tasks.sql",
-    "gym-constraints": "mrtpo.gym.task",
-    "gym-answer": "mrtpo.gym.task",
-    "gym-call": "mrtpo.gym.task",
-    "gym-overlap": "mrtpo.gym.task",
-    "gym-tradeoff": "mrtpo.gym.task",
 }
+#: The credit gym's families (classes in :mod:`mrtpo.gym.task`, listed there as ``FAMILIES``).
+GYM_TASK_NAMES: tuple[str, ...] = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
 #: Names of the built-in tasks (the real benchmarks, then the credit gym's synthetic families).
-TASK_NAMES: tuple[str, ...] = tuple(_BUILTIN_MODULES)
+TASK_NAMES: tuple[str, ...] = (*_BUILTIN_MODULES, *GYM_TASK_NAMES)
 
 
 def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
@@ -74,7 +73,19 @@ class UnknownTaskError(KeyError):
 
 def task_names() -> list[str]:
     """Every task known now: the built-in ones and those registered since (plugins, task files)."""
-    return sorted(set(_TASKS) | set(_BUILTIN_MODULES))
+    return sorted(set(_TASKS) | set(TASK_NAMES))
+
+
+def _register_builtin(name: str) -> None:
+    """Register the built-in task ``name``: a real benchmark's module registers its own task; the gym's
+    families are registered from here (a name a plugin registered first keeps the plugin's task)."""
+    if name in GYM_TASK_NAMES:
+        from mrtpo.gym.task import FAMILIES
+
+        for family in FAMILIES:
+            _TASKS.setdefault(family.name, family)
+    else:
+        importlib.import_module(_BUILTIN_MODULES[name])
 
 
 def _unknown(name: str) -> str:
@@ -89,8 +100,8 @@ def _unknown(name: str) -> str:
 def get_task(name: str, **kwargs: Any) -> Task:
     """Instantiate the task registered under ``name``; a clear error lists the known ones. A name
     ending in ``.yaml`` is a task file (:mod:`mrtpo.tasks.from_config`), registered on first use."""
-    if name not in _TASKS and name in _BUILTIN_MODULES:
-        importlib.import_module(_BUILTIN_MODULES[name])
+    if name not in _TASKS and name in TASK_NAMES:
+        _register_builtin(name)
     if name not in _TASKS and is_task_file(name):
         from mrtpo.tasks.from_config import load_task_file
 
@@ -133,7 +144,7 @@ def task_problem(name: Any) -> str | None:
         get_task(name) if is_task_file(name) else None
     except ValueError as exc:  # TaskFileError
         return str(exc)
-    if name in _TASKS or name in _BUILTIN_MODULES:
+    if name in _TASKS or name in TASK_NAMES:
         return None
     return _unknown(name)
 
@@ -151,5 +162,5 @@ def task_settings(name: str) -> dict[str, Any]:
     return {"reward_weights": list(weights)} if weights else {}
 
 
-__all__ = ["TASK_NAMES", "Task", "UnknownTaskError", "get_task", "is_task_file", "register_task", "task_label",
-           "task_names", "task_problem", "task_ref", "task_settings"]
+__all__ = ["GYM_TASK_NAMES", "TASK_NAMES", "Task", "UnknownTaskError", "get_task", "is_task_file", "register_task",
+           "task_label", "task_names", "task_problem", "task_ref", "task_settings"]
