@@ -34,6 +34,7 @@ def test_lora_learning_rate_default_and_deprecated_alias():
     ({"max_steps": "many"}, "max_steps (from command line) must be an integer, got 'many'"),
     ({"max_steps": 2.5}, "must be an integer"),
     ({"lam": 3}, "lam must be in [0, 1]"),
+    ({"reward_lam": [0.5, 2]}, "every reward_lam entry must be in [0, 1], got [0.5, 2]"),
     ({"method": "gspo"}, "unknown method 'gspo'"),
     ({"task": "sqll"}, "unknown task 'sqll' (did you mean 'sql'?)"),
     ({"dtype": "int8"}, "dtype must be float32, bfloat16 or float16"),

@@ -8,6 +8,7 @@ from mrtpo.credit import (
     CreditConfig,
     available_methods,
     compute_advantages,
+    credit_weights,
     gdpo_advantages,
     get_method,
     grpo_advantages,
@@ -72,6 +73,30 @@ def test_mean_over_tokens_holds_with_cap_and_lambda():
     batch = make_batch(seed=4)
     adv = compute_advantages("mrtpo", batch, CreditConfig(lam=0.7, w_max=2.0))
     torch.testing.assert_close(masked_mean(adv, batch.mask), gdpo_advantages(batch.rewards, 4), atol=1e-5, rtol=1e-5)
+
+
+def test_reward_lam_gives_each_reward_its_own_interpolation():
+    # One completion of 4 tokens (3 valid), relevance 1, 2, 3 for both rewards (mean 2).
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    relevance = torch.tensor([[1.0, 2.0, 3.0, 9.0]]).unsqueeze(1).expand(1, 2, 4).clone()
+    batch = CreditBatch(rewards=torch.zeros(1, 2), group_size=1, mask=mask, relevance=relevance, has_evidence=[True, True])
+    weights = credit_weights(batch, CreditConfig(reward_lam=[0.0, 0.5]), "per_reward")
+    # reward 0, lam 0: uniform; reward 1, lam 0.5: 0.5 + 0.5 * r / 2 = 0.75, 1.0, 1.25 (mean 1); padding 0
+    torch.testing.assert_close(weights[0, 0], torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    torch.testing.assert_close(weights[0, 1], torch.tensor([0.75, 1.0, 1.25, 0.0]))
+    # the same as the shared lam for the reward that has it
+    shared = credit_weights(batch, CreditConfig(lam=0.5), "per_reward")
+    torch.testing.assert_close(weights[0, 1], shared[0, 1])
+
+
+def test_reward_lam_keeps_the_sequence_mean_and_checks_its_length_and_range():
+    batch = make_batch(seed=6)
+    adv = compute_advantages("mrtpo", batch, CreditConfig(reward_lam=[0.2, 1.0, 0.0], w_max=1.5))
+    torch.testing.assert_close(masked_mean(adv, batch.mask), gdpo_advantages(batch.rewards, 4), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"one entry per reward \(3\), got 2"):
+        compute_advantages("mrtpo", batch, CreditConfig(reward_lam=[0.2, 1.0]))
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        compute_advantages("mrtpo", batch, CreditConfig(reward_lam=[0.2, 1.5, 0.0]))
 
 
 def test_rewards_without_evidence_stay_uniform():

@@ -151,6 +151,8 @@ def test_config_validation_messages(tmp_path):
         config(tmp_path, lam=2.0)
     with pytest.raises(ValueError, match="needs rewards with evidence"):
         make_trainer(tmp_path, [plain_length])
+    with pytest.raises(ValueError, match=r"reward_lam has 1 entries for 2 reward functions \(has_letter_e, char_code\)"):
+        make_trainer(tmp_path, [has_letter_e, char_code], reward_lam=[0.5])
     with pytest.raises(ValueError, match="multi_objective_aggregation='sum_then_normalize' contradicts method='mrtpo'"):
         config(tmp_path, multi_objective_aggregation="sum_then_normalize")
     with pytest.raises(ValueError, match="multi_objective_aggregation='normalize_then_sum' contradicts method='grpo'"):

@@ -89,8 +89,11 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self._loss_sequence_advantages: Tensor | None = None
         self.credit_config = CreditConfig(
             lam=self.args.lam, w_max=self.args.w_max, batch_norm=self.args.credit_batch_norm,
-            reward_weights=self.reward_weights.tolist(),
+            reward_weights=self.reward_weights.tolist(), reward_lam=self.args.reward_lam,
         )
+        if self.args.reward_lam is not None and len(self.args.reward_lam) != len(self.reward_funcs):
+            raise ValueError(f"reward_lam has {len(self.args.reward_lam)} entries for {len(self.reward_funcs)} "
+                             f"reward functions ({', '.join(self.reward_func_names)}): give one per reward, in order")
         self._with_evidence = [declares_evidence(f) for f in self.reward_funcs]
         if needs_evidence(self.credit_method.needs):
             if not any(self._with_evidence):

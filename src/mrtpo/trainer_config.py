@@ -43,6 +43,8 @@ class MRTPOConfig(GRPOConfig):
     method: str = field(default="mrtpo", metadata={"help": "credit method: grpo, gdpo, mrtpo, contrast, entropy"})
     relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})
     lam: float = field(default=1.0, metadata={"help": "weight interpolation: 0 uniform, 1 proportional to relevance"})
+    reward_lam: list[float] | None = field(default=None, metadata={"help": (
+        "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); None: lam for all")})
     w_max: float | None = field(default=None, metadata={"help": "cap on one token's weight (then renormalised); None: no cap"})
     relevance_chunk_size: int | None = field(default=None, metadata={"help": "positions per relevance chunk; None: auto"})
     relevance_top_k: int | None = field(default=None, metadata={"help": "top-k approximation of the JS sum; None: exact"})
@@ -78,6 +80,8 @@ class MRTPOConfig(GRPOConfig):
             raise ValueError(f"lam must be in [0, 1], got {self.lam}")
         if self.w_max is not None and self.w_max < 1.0:
             raise ValueError(f"w_max must be >= 1 (weights average to 1) or None, got {self.w_max}")
+        if self.reward_lam is not None and not all(0.0 <= float(v) <= 1.0 for v in self.reward_lam):
+            raise ValueError(f"every reward_lam entry must be in [0, 1], got {list(self.reward_lam)}")
         if self.relevance_chunk_size is not None and self.relevance_chunk_size < 1:
             raise ValueError(f"relevance_chunk_size must be >= 1 or None, got {self.relevance_chunk_size}")
         if self.replay_micro_batch is not None and self.replay_micro_batch < 1:

@@ -32,6 +32,7 @@ class CreditConfig:
     """Knobs shared by all methods."""
 
     lam: float = 1.0  # interpolation uniform (0) → proportional to relevance (1)
+    reward_lam: Sequence[float] | None = None  # per-reward lam (one per reward, overrides lam); per_reward maps only
     w_max: float | None = None  # cap on one token's weight, then renormalise (None: no cap)
     batch_norm: bool = True  # GDPO step 3: normalise sequence scores over the global batch
     reward_weights: Sequence[float] | None = None  # ω_k, default all 1
@@ -153,10 +154,23 @@ def _evidence_rows(batch: CreditBatch, n: int, k: int) -> Tensor:
     return has
 
 
+def _per_reward_lam(config: CreditConfig, num_rewards: int) -> list[float]:
+    """Each reward's ``lam``: ``config.reward_lam`` when set (one entry per reward), else ``config.lam``."""
+    if config.reward_lam is None:
+        return [config.lam] * num_rewards
+    lams = [float(v) for v in config.reward_lam]
+    if len(lams) != num_rewards:
+        raise ValueError(f"reward_lam must have one entry per reward ({num_rewards}), got {len(lams)}: {lams}")
+    if not all(0.0 <= v <= 1.0 for v in lams):
+        raise ValueError(f"every reward_lam entry must be in [0, 1], got {lams}")
+    return lams
+
+
 def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tensor:
     """Token weights ``(N, K, T)`` a method with these ``needs`` gives each reward (1 = uniform).
 
-    ``per_reward``: each reward's own relevance where it has evidence; ``joint`` / ``entropy``:
+    ``per_reward``: each reward's own relevance where it has evidence (with its own ``reward_lam``
+    entry when set, so one reward may concentrate while another stays near uniform); ``joint`` / ``entropy``:
     one shared map for every reward; ``none``: uniform. Masked positions are 0.
     """
     n, k = batch.local_rewards().shape
@@ -167,9 +181,10 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
         if relevance.shape != (n, k, t):
             raise ValueError(f"relevance must be (N={n}, K={k}, T={t}), got {tuple(relevance.shape)}")
         has = _evidence_rows(batch, n, k)
+        lams = _per_reward_lam(config, k)
         for i in range(k):
             if has[:, i].any():
-                w = relevance_weights(relevance[:, i], batch.mask, config.lam, config.w_max)
+                w = relevance_weights(relevance[:, i], batch.mask, lams[i], config.w_max)
                 weights[has[:, i], i] = w[has[:, i]]
     elif needs in ("joint", "entropy"):
         what = "joint relevance (N, T)" if needs == "joint" else "the policy's per-token entropy (N, T)"
