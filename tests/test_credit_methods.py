@@ -1,4 +1,4 @@
-"""The method registry and SPEC §1's invariants across methods."""
+"""The method registry and the invariants of docs/design.md#invariants across methods."""
 
 import pytest
 import torch

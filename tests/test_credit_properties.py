@@ -1,4 +1,4 @@
-"""Property-based checks of SPEC §1's invariants over random shapes (hypothesis)."""
+"""Property-based checks of the invariants of docs/design.md#invariants over random shapes (hypothesis)."""
 
 import torch
 from hypothesis import given, settings

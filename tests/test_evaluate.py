@@ -343,4 +343,4 @@ def test_default_model_on_four_sql_questions(tmp_path):
     assert metrics["n"] == 4
     assert gen["truncated"] == 0  # every answer ended with <|im_end|> within 256 tokens
     assert metrics["format_rate"] == 1.0
-    assert metrics["execution_accuracy"] >= 0.5  # SPEC §3: this model gets 7/8 on a sanity set
+    assert metrics["execution_accuracy"] >= 0.5  # the original spec (../shared/design/SPEC.md §3): this model gets 7/8 on a sanity set

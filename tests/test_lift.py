@@ -1,4 +1,4 @@
-"""The credit lift of SPEC §4: the pure function, the checked spans of each task, and the benchmark."""
+"""The credit lift (docs/design.md#measurement): the pure function, the checked spans of each task, and the benchmark."""
 
 import json
 import subprocess

@@ -1,7 +1,7 @@
 """mrtpo: multi-reward RL post-training with reward-specific token-level credit assignment.
 
 Each reward's advantage is moved onto the tokens that reward is about, measured by replaying the
-policy's own response with and without that reward's evidence (SPEC §1).
+policy's own response with and without that reward's evidence (docs/design.md#algorithm).
 
 ``from mrtpo import MRTPOConfig, MRTPOTrainer, evidence`` — the trainer pair is imported lazily
 (it pulls in TRL), the rest is light.

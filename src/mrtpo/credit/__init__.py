@@ -1,4 +1,4 @@
-"""The math of SPEC §1: group advantages, relevance, token weights, token advantages, methods.
+"""The math of docs/design.md#algorithm: group advantages, relevance, token weights, token advantages, methods.
 
 Pure torch functions; nothing here knows about models, tokenizers, TRL or tasks.
 """

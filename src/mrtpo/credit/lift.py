@@ -1,4 +1,4 @@
-"""Does a reward's credit land where its verifier looks? The *lift* of SPEC §4.
+"""Does a reward's credit land where its verifier looks? The *lift* of docs/design.md#measurement.
 
 For one response, a reward's token weights ``w`` and the span ``S`` of tokens its verifier reads
 (an end phrase, a keyword, a P.S. block, a wrong argument value)::

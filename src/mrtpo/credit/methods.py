@@ -1,4 +1,4 @@
-"""The credit methods of SPEC §1, side by side, behind one registry.
+"""The credit methods of docs/design.md#methods, side by side, behind one registry.
 
 Each method declares which relevance it *needs* (none, one map per reward, one joint map, or the
 policy's entropy) so every caller runs exactly those replays and never branches on method names:

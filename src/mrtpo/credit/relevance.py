@@ -1,4 +1,4 @@
-"""Per-token relevance between two next-token distributions (SPEC §1, step 4).
+"""Per-token relevance between two next-token distributions (docs/design.md#step-relevance).
 
 The replay teacher-forces the same completion under two contexts (with and without a reward's
 evidence) and hands the two ``(B, T, V)`` logit tensors here. All math is fp32 in log space and

@@ -1,4 +1,4 @@
-"""Token weights from relevance (SPEC §1, step 5): credit is moved between tokens, never created.
+"""Token weights from relevance (docs/design.md#step-weights): credit is moved between tokens, never created.
 
 For each response, ``m = mean_t d[t]`` over its valid tokens. If ``m < 1e-6`` the weights are
 uniform (the evidence changed nothing). Otherwise ``w[t] = (1 − λ) + λ · d[t] / m``, optionally

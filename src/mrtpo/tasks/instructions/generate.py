@@ -15,7 +15,7 @@ generation is deterministic by ``(seed, index)`` and touches no global random st
 count is uniform in ``[min_constraints, max_constraints]``; when no compatible class is left
 (e.g. after "wrap the answer in JSON", which conflicts with most classes) the prompt keeps fewer.
 
-**Anchors** (SPEC §4: a degenerate output must not satisfy everything): ``anchor`` adds, before
+**Anchors** (docs/design.md#measurement: a degenerate output must not satisfy everything): ``anchor`` adds, before
 the random draws, a length floor (``"min_words"``: IFEval ``number_words`` "at least N", N uniform
 in ``min_words_range``) and/or a content requirement (``"keywords"``: IFEval
 ``keywords:existence`` with two library-drawn keywords). Anchors count towards the total and are

@@ -1,4 +1,4 @@
-"""The part of a response each constraint's checker reads, for the credit lift (SPEC §4).
+"""The part of a response each constraint's checker reads, for the credit lift (docs/design.md#measurement).
 
 Only constraints whose checked text is a visible, local span of the response have one; whole-
 response properties (case, length, language, paragraph counts) have none. Spans are half-open

@@ -1,4 +1,4 @@
-"""The ``instructions`` task: multi-constraint instruction following (SPEC §2).
+"""The ``instructions`` task: multi-constraint instruction following (docs/design.md#tasks).
 
 Splits (fixed order):
 

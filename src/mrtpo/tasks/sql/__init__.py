@@ -1,4 +1,4 @@
-"""Text-to-SQL on Spider dev with real SQLite databases (SPEC §2–§3; docs/tasks/sql.md).
+"""Text-to-SQL on Spider dev with real SQLite databases (docs/design.md#tasks; docs/tasks/sql.md).
 
 ``get_task("sql")`` returns :class:`SqlTask`. Modules, one job each: :mod:`.loader` (find and
 validate the data, the split), :mod:`.prompt` (schema block and messages), :mod:`.sandbox` (the

@@ -1,4 +1,4 @@
-"""The part of a response each SQL reward's checker reads, for the credit lift (SPEC §4).
+"""The part of a response each SQL reward's checker reads, for the credit lift (docs/design.md#measurement).
 
 Half-open character ranges of the response:
 

@@ -1,4 +1,4 @@
-"""The three text-to-SQL rewards: ``format``, ``executes``, ``result`` (SPEC §2).
+"""The three text-to-SQL rewards: ``format``, ``executes``, ``result`` (docs/design.md#tasks).
 
 * ``format`` ∈ {0, 1}: exactly one closed ```sql block (see :mod:`.parse`). Evidence: the format
   instruction sentence (in_prompt).

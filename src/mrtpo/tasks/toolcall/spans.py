@@ -1,4 +1,4 @@
-"""The part of a response the tool-call ``correctness`` checker reads, for the credit lift (SPEC §4).
+"""The part of a response the tool-call ``correctness`` checker reads, for the credit lift (docs/design.md#measurement).
 
 ``correctness`` compares each argument value of the predicted calls with BFCL's acceptable values.
 Two span kinds, as half-open character ranges of the response:

@@ -1,4 +1,4 @@
-"""The two tool-calling rewards (SPEC §2), each with the evidence it checks.
+"""The two tool-calling rewards (docs/design.md#tasks), each with the evidence it checks.
 
 ``format`` ∈ {0, 1}
     Calls expected: 1 iff the completion is ``<tool_call>`` blocks and whitespace only, every line
