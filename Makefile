@@ -1,6 +1,6 @@
 # The README's two commands. Both set up the environment first (idempotent).
 VENV ?= .venv
-.PHONY: setup run demo test test-slow bench
+.PHONY: setup run demo test test-slow lint bench
 
 setup:
 	bash scripts/setup.sh
@@ -16,6 +16,9 @@ test: setup
 
 test-slow: setup
 	$(VENV)/bin/python -m pytest -q -m slow
+
+lint: setup
+	$(VENV)/bin/ruff check src tests scripts examples
 
 bench: setup
 	$(VENV)/bin/mrtpo bench relevance

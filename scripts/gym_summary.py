@@ -73,7 +73,8 @@ def _gap_text(gap: dict) -> str:
     ci_text = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if None not in ci else ""
     if p is None:
         return f"{gap['mean_difference']:+.3f}{ci_text}"
-    return f"{gap['mean_difference']:+.3f}{ci_text}, p = {p:.2g}" if p >= 0.001 else f"{gap['mean_difference']:+.3f}{ci_text}, p < 0.001"
+    p_text = f"p = {p:.2g}" if p >= 0.001 else "p < 0.001"
+    return f"{gap['mean_difference']:+.3f}{ci_text}, {p_text}"
 
 
 def _learning_table(comparison: dict, title: str) -> list[str]:
@@ -230,8 +231,8 @@ def _sweep(out: Path, kind: str, values: list[int], prefix: str = "sweep") -> tu
         per_text = "—" if per is None or not rewards else f"{per / len(rewards):+.3f}"
         held = paired_comparison(_per_seed_heldout(c, "mrtpo"), _per_seed_heldout(c, "gdpo"))
         held_gaps.append((v, held))
-        lines.append(f"| {v} | {_fmt(_final(c, 'gdpo'))} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(gap)} | {per_text} | "
-                     f"{_gap_text(held)} |")
+        lines.append(f"| {v} | {_fmt(_final(c, 'gdpo'))} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(gap)} | "
+                     f"{per_text} | {_gap_text(held)} |")
     return lines + [""], {"final training reward": gaps, "held-out total reward": held_gaps}
 
 

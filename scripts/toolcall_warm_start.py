@@ -118,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     from peft import PeftModel
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    from mrtpo.machine import cpu_flags
-    from mrtpo.evaluate import evaluate_model
-    from mrtpo.models import load_policy
     from mrtpo.counterfactual import counterfactual_text
+    from mrtpo.evaluate import evaluate_model
+    from mrtpo.machine import cpu_flags
+    from mrtpo.models import load_policy
     from mrtpo.shared_prompt import generate_with_shared_prefill
     from mrtpo.tasks.toolcall import ToolCallTask, parse_completion
     from mrtpo.tasks.toolcall.prompt import render_prompt, system_prompt

@@ -1,8 +1,7 @@
 """Property-based checks of the invariants of docs/design.md#invariants over random shapes (hypothesis)."""
 
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from mrtpo.credit import (
     JS_DISTANCE_MAX,

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from mrtpo.counterfactual import prompt_renderer
 from mrtpo.credit import relevance_weights
 from mrtpo.demo import main as demo_main
 from mrtpo.models import load_policy
-from mrtpo.counterfactual import prompt_renderer
 from mrtpo.replay import replay_completion
 from mrtpo.tasks import get_task
 

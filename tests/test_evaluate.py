@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mrtpo.counterfactual import prompt_renderer
 from mrtpo.evaluate import (
     DEFAULT_MAX_NEW_TOKENS,
     evaluate_model,
@@ -24,7 +25,6 @@ from mrtpo.evaluate import (
     resolve_checkpoint,
     stop_token_ids,
 )
-from mrtpo.counterfactual import prompt_renderer
 from mrtpo.tasks import get_task
 from mrtpo.testing import tiny_policy
 

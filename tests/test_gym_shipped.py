@@ -11,7 +11,13 @@ import torch
 from safetensors.torch import load_file
 
 from mrtpo.gym import shipped
-from mrtpo.gym.shipped import POLICIES_DIR, SHIPPED_MANIFEST_SHA256, ShippedPolicyError, shipped_policies, shipped_policy
+from mrtpo.gym.shipped import (
+    POLICIES_DIR,
+    SHIPPED_MANIFEST_SHA256,
+    ShippedPolicyError,
+    shipped_policies,
+    shipped_policy,
+)
 from mrtpo.tasks import get_task
 
 FAMILIES = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")

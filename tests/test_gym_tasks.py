@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from mrtpo.counterfactual import remove_span
 from mrtpo.gym import answer, call, constraints
 from mrtpo.gym.vocab import WORDS, gym_tokenizer
-from mrtpo.counterfactual import remove_span
 from mrtpo.tasks import get_task
 from mrtpo.verifiers import Example
 

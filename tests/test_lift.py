@@ -9,8 +9,7 @@ import torch
 
 from mrtpo.credit.lift import char_spans_to_tokens, span_lift, summarise_lifts
 from mrtpo.tasks.instructions import checkers
-from mrtpo.tasks.instructions.spans import checked_spans as instruction_spans
-from mrtpo.tasks.instructions.spans import constraint_span
+from mrtpo.tasks.instructions.spans import checked_spans as instruction_spans, constraint_span
 from mrtpo.tasks.sql.spans import checked_spans as sql_spans
 from mrtpo.tasks.toolcall.spans import checked_spans as toolcall_spans
 from mrtpo.verifiers import Example

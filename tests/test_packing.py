@@ -8,8 +8,15 @@ import torch
 from mrtpo.packing import pack, packed_logps
 from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, replay_forward_calls
 from mrtpo.testing import tiny_policy
-from test_shared_prompt import (G, fused_policy, left_padded_batch, logps_and_grads, loss_and_grad, trl_logps,
-                                update_inputs)
+from test_shared_prompt import (
+    G,
+    fused_policy,
+    left_padded_batch,
+    logps_and_grads,
+    loss_and_grad,
+    trl_logps,
+    update_inputs,
+)
 from test_trainer import char_code, has_letter_e, make_trainer
 
 

@@ -178,8 +178,7 @@ def joint_entropy_method(monkeypatch):
 
 def test_a_new_needs_kind_touches_only_the_registry_and_the_plan(joint_entropy_method, tmp_path):
     from test_trainer import char_code, has_letter_e, make_trainer, plain_length
-    from test_trainer_skip import G, synthetic_batch
-    from test_trainer_skip import REWARDS as TRAINER_REWARDS
+    from test_trainer_skip import REWARDS as TRAINER_REWARDS, G, synthetic_batch
 
     assert needs_evidence(NEW_KIND) and context_rule(NEW_KIND).replays
     group = plan_group([0], EVIDENCES, [True] * 3, NEW_KIND)
@@ -250,8 +249,7 @@ def test_the_guard_sees_aliases_and_attributes(tmp_path):
 # --- the demo weighs as training does ----------------------------------------------------------
 
 def test_demo_weights_are_the_registered_methods(tiny_model_dir, tmp_path, one_thread):
-    from mrtpo.demo import METHOD
-    from mrtpo.demo import main as demo_main
+    from mrtpo.demo import METHOD, main as demo_main
 
     out = tmp_path / "demo"
     assert demo_main(["--model", str(tiny_model_dir), "--task", "instructions", "--index", "2", "--group-size", "3",

@@ -141,7 +141,6 @@ def test_a_failed_final_save_leaves_the_finished_model(tiny_dir, tmp_path, monke
 
 
 def test_base_model_names():
-    from mrtpo.evaluate.load import _base_from_adapter
     from mrtpo.model_names import base_model_names, spec_for_base
 
     assert base_model_names("qwen2.5-coder-0.5b") == ("Qwen/Qwen2.5-Coder-0.5B-Instruct",) * 2

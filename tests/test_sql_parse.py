@@ -6,8 +6,7 @@ import sqlite3
 import time
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from mrtpo.tasks.sql.parse import code_blocks, extract_sql, format_ok
 from mrtpo.tasks.sql.sqltext import first_keyword, has_top_level_order_by, split_statements, tokenize

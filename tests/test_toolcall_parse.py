@@ -6,8 +6,7 @@ import json
 import time
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from mrtpo.tasks.toolcall.parse import MAX_CALLS, MAX_CHARS, parse_completion, to_bfcl
 

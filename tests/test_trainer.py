@@ -6,8 +6,8 @@ import pytest
 import torch
 from datasets import Dataset
 
-from mrtpo.credit import gdpo_advantages
 from mrtpo.counterfactual import EvidenceNotFoundError
+from mrtpo.credit import gdpo_advantages
 from mrtpo.rewards import completion_text, evidence
 from mrtpo.testing import tiny_policy
 from mrtpo.trainer import MRTPOConfig, MRTPOTrainer

@@ -4,7 +4,6 @@ pinned dependencies' own deprecation warnings are narrow (message and module).""
 import json
 import warnings
 
-
 from mrtpo.cli import main as cli_main
 from mrtpo.warning_filters import filter_dependency_warnings
 

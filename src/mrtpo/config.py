@@ -1,9 +1,9 @@
 """The settings of a training run: layers, aliases, validation, and the ``config.yaml`` of a run.
 
 Settings come in layers, later ones winning: the built-in defaults (:data:`TRAIN_DEFAULTS`,
-with CPU-safe overrides when no GPU is present, :func:`mrtpo.machine.cpu_run_defaults`), a base (the saved ``config.yaml`` of a resumed
-run, a benchmark preset), each config file in order, then the overrides (named flags and
-``key=value``). Every key is either a run-level setting (:class:`RunSettings`) or a field of
+with CPU-safe overrides when no GPU is present, :func:`mrtpo.machine.cpu_run_defaults`), a base
+(the saved ``config.yaml`` of a resumed run, a benchmark preset), each config file in order, then the
+overrides (named flags and ``key=value``). Every key is either a run-level setting (:class:`RunSettings`) or a field of
 :class:`~mrtpo.trainer_config.MRTPOConfig` (TRL's GRPOConfig plus the credit knobs); deprecated
 transformers names are stored under their new name; an unknown key is an error that suggests the
 closest valid one (:func:`valid_keys` lists them all).
@@ -58,11 +58,13 @@ class RunSettings:
     """Run-level settings: what to train on and how to build the model (not trainer fields)."""
 
     task: str = "sql"
-    """task to train on: a registered name (toolcall, instructions, sql, gym-*, a plugin's) or a task file path; a config file may hold a task: block (dataset, prompt, rewards; see mrtpo.tasks.from_config)"""
+    ("task to train on: a registered name (toolcall, instructions, sql, gym-*, a plugin's) or a task file path; "
+     "a config file may hold a task: block (dataset, prompt, rewards; see mrtpo.tasks.from_config)")
     model: str = "qwen2.5-coder-0.5b"
     """preset name, local model folder, .gguf file or hub id (anything mrtpo.models.load_policy takes)"""
     dtype: str = "float32"
-    """dtype the weights are loaded in: float32 (trainable; bf16=true then means mixed precision) or bfloat16 (unset on a CPU: chosen by its bf16 features)"""
+    ("dtype the weights are loaded in: float32 (trainable; bf16=true then means mixed precision) "
+     "or bfloat16 (unset on a CPU: chosen by its bf16 features)")
     train_size: int | None = None
     """train examples used: the first N of the task's train split (None: all of it)"""
     eval_size: int = 0
@@ -80,7 +82,9 @@ class RunSettings:
     lora_learning_rate: float = 2e-5
     """learning_rate used with LoRA when learning_rate is not set explicitly"""
     warm_start: Any = "auto"
-    """supervised LoRA warm start before RL (mrtpo.warm_start, built and cached on first use): auto (toolcall on the default model: the measured default dose), none, true, or a mapping of its settings such as {steps: 16, data: pairs.jsonl}"""
+    ("supervised LoRA warm start before RL (mrtpo.warm_start, built and cached on first use): auto (toolcall on "
+     "the default model: the measured default dose), none, true, or a mapping of its settings such as "
+     "{steps: 16, data: pairs.jsonl}")
     report: bool = True
     """write report.html / report.md / curves.png into the run folder when training ends"""
     report_samples: int = 2
@@ -293,7 +297,7 @@ def _check_report_to(value: Any) -> None:
                                   f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}")
             continue  # another transformers integration: transformers checks its package
         if name == "tensorboard":
-            ok = importlib.util.find_spec("tensorboard") is not None or importlib.util.find_spec("tensorboardX") is not None
+            ok = any(importlib.util.find_spec(p) is not None for p in ("tensorboard", "tensorboardX"))
         else:
             ok = importlib.util.find_spec(pkg) is not None
         if not ok:
@@ -364,7 +368,8 @@ def load_config(
         trainer_kwargs["learning_rate"] = run.lora_learning_rate
     if trainer_kwargs.get("output_dir") in (None, ""):
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        trainer_kwargs["output_dir"] = str(Path("runs") / f"{task_label(run.task)}-{trainer_kwargs.get('method', 'mrtpo')}-{stamp}")
+        method = trainer_kwargs.get("method", "mrtpo")
+        trainer_kwargs["output_dir"] = str(Path("runs") / f"{task_label(run.task)}-{method}-{stamp}")
     if "report_to" in trainer_kwargs:
         _check_report_to(trainer_kwargs["report_to"])
     if "steps_per_generation" in explicit and "generation_batch_size" in explicit:
@@ -447,11 +452,12 @@ def _validate_trainer(kwargs: dict[str, Any]) -> None:
         raise ConfigError(f"unknown loss_type {value('loss_type')!r}; choose one of {', '.join(_LOSS_TYPES[:6])}")
     if kwargs.get("generation_batch_size") is None:  # else TRL checks it against num_generations itself
         steps = "steps_per_generation" if kwargs.get("steps_per_generation") else "gradient_accumulation_steps"
-        size, per_step, processes = value("per_device_train_batch_size"), value(steps), int(os.environ.get("WORLD_SIZE", "1"))
+        size, per_step = value("per_device_train_batch_size"), value(steps)
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
         if (size * per_step * processes) % value("num_generations"):
-            raise ConfigError(f"per_device_train_batch_size x {steps} x processes ({size} x {per_step} x {processes}) must "
-                              f"be divisible by num_generations ({value('num_generations')}): a generation batch holds "
-                              "whole prompt groups")
+            raise ConfigError(f"per_device_train_batch_size x {steps} x processes ({size} x {per_step} x {processes}) "
+                              f"must be divisible by num_generations ({value('num_generations')}): "
+                              "a generation batch holds whole prompt groups")
 
 
 def write_config(config: RunConfig, path: str | os.PathLike) -> Path:

@@ -4,8 +4,8 @@ Samples a group of completions for one training prompt, scores them with the tas
 replays the whole group once per context (the prompt, and the prompt with or without each
 reward's evidence: the contexts the trainer plans, :mod:`mrtpo.replay_plan`), and turns the JS
 distances into the registered ``mrtpo`` method's per-reward token weights and per-token advantages
-(:mod:`mrtpo.credit`, as training computes them; next to GDPO's uniform ones). Prints where each reward's credit went and
-writes an HTML token-credit view plus a JSON record.
+(:mod:`mrtpo.credit`, as training computes them; next to GDPO's uniform ones). Prints where each reward's
+credit went and writes an HTML token-credit view plus a JSON record.
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     prepare_hub()  # offline only where the user or the machine says so
     from tqdm import tqdm
 
+    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
     from mrtpo.credit import CreditBatch, compute_advantages, get_method
     from mrtpo.models import load_policy
-    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
     from mrtpo.replay import ReplayGroup, batch_relevance
     from mrtpo.replay_plan import example_contexts, plan_replays
-    from mrtpo.sampling import sample_group
     from mrtpo.report.token_view import CompletionView, CreditRow, render_html
+    from mrtpo.sampling import sample_group
     from mrtpo.tasks import get_task
 
     torch.manual_seed(args.seed)
@@ -79,13 +79,15 @@ def main(argv: list[str] | None = None) -> int:
 
     steps.set_postfix_str(f"sampling {args.group_size} completions")
     prompt_ids = ids_of(prompt)
-    sampled, lengths = sample_group(model, tokenizer, prompt_ids, args.group_size, args.max_new_tokens, args.temperature)
+    sampled, lengths = sample_group(model, tokenizer, prompt_ids, args.group_size, args.max_new_tokens,
+                                    args.temperature)
     completions = [row[:n].tolist() for row, n in zip(sampled, lengths.tolist())]
     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
     steps.update()
 
     steps.set_postfix_str("scoring")
-    rewards = torch.tensor([[float("nan") if (r := v(text, example)) is None else float(r) for v in verifiers] for text in texts])
+    rewards = torch.tensor([[float("nan") if (r := v(text, example)) is None else float(r) for v in verifiers]
+                            for text in texts])
     evidences = [v.evidence(example) for v in verifiers]
     names = [v.name for v in verifiers]
     steps.update()
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     views = []
     for j, ids in enumerate(completions):
         tokens = _show_tokens(tokenizer, ids)
-        reward_str = ", ".join(f"{n}={'n/a' if math.isnan(r) else f'{r:g}'}" for n, r in zip(names, rewards[j].tolist()))
+        reward_str = ", ".join(f"{n}={'n/a' if math.isnan(r) else f'{r:g}'}"
+                               for n, r in zip(names, rewards[j].tolist()))
         print(f"\ncompletion {j}: {reward_str}; GDPO advantage {gdpo_adv[j, 0]:+.3f}")
         print("  " + texts[j].replace("\n", "\n  ")[:400])
         rows = []
@@ -134,12 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     html_path = args.out / "token_credit.html"
     html_path.write_text(render_html(views, f"MRTPO token credit · {args.task} · {example.id}",
-                                     f"Prompt evidence per reward; privileged evidence is appended under '{DEFAULT_PRIVILEGED_HEADER}'."))
+                                     "Prompt evidence per reward; privileged evidence is appended under "
+                                     f"'{DEFAULT_PRIVILEGED_HEADER}'."))
     record = {
         "model": args.model, "task": args.task, "example": example.id, "method": METHOD, "rewards": names,
         "completions": [{"text": t, "rewards": r, "token_ids": c, "tokens": _show_tokens(tokenizer, c),
                          "weights": weights[j, :, : len(c)].tolist(), "relevance": relevance[j, :, : len(c)].tolist(),
-                         "has_evidence": maps["has_evidence"][j].tolist(), "mrtpo_advantage": mrtpo_adv[j, : len(c)].tolist(),
+                         "has_evidence": maps["has_evidence"][j].tolist(),
+                         "mrtpo_advantage": mrtpo_adv[j, : len(c)].tolist(),
                          "gdpo_advantage": gdpo_adv[j, 0].item()}
                         for j, (t, r, c) in enumerate(zip(texts, rewards.tolist(), completions))],
     }

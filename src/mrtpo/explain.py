@@ -38,15 +38,18 @@ class ExplainError(ValueError):
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mrtpo explain", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    p.add_argument("--task", required=True, help=f"task of the example: {', '.join(TASK_NAMES)}, a plugin's, or a task file (.yaml)")
+    p = argparse.ArgumentParser(prog="mrtpo explain", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--task", required=True,
+                   help=f"task of the example: {', '.join(TASK_NAMES)}, a plugin's, or a task file (.yaml)")
     p.add_argument("--index", type=int, default=0, help="example index within the split")
     p.add_argument("--split", default="train", help="train or eval")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--completion", help="the completion text to explain (default: the model's greedy completion)")
     src.add_argument("--completion-file", type=Path, help="file holding the completion text")
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, model folder, checkpoint, .gguf or hub id")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (training uses float32 on CPU)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="weights dtype (training uses float32 on CPU)")
     p.add_argument("--method", default="mrtpo", choices=METHODS, help="credit method whose weights are shown")
     p.add_argument("--relevance", default="js", choices=("js", "kl", "logratio"), help="relevance of a replay")
     p.add_argument("--lam", type=float, default=1.0, help="0 uniform .. 1 proportional to relevance")
@@ -54,7 +57,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0, help="replay temperature (the sampling temperature)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="length cap of the greedy completion")
     p.add_argument("--no-eos", action="store_true", help="do not append the end-of-turn token to a given completion")
-    p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task constructor argument (YAML value)")
+    p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="task constructor argument (YAML value)")
     p.add_argument("--out", type=Path, default=Path("explain.html"), metavar="FILE", help="HTML file to write")
     return p.parse_args(argv)
 
@@ -93,8 +97,8 @@ def explain(model, tokenizer, task, example, completion_ids: list[int], completi
     with ``view`` (a :class:`~mrtpo.report.token_view.CompletionView`) and the raw tensors."""
     import torch
 
-    from mrtpo.credit import CreditBatch, CreditConfig, get_method
     from mrtpo.counterfactual import prompt_renderer
+    from mrtpo.credit import CreditBatch, CreditConfig, get_method
     from mrtpo.replay import replay_completion
     from mrtpo.report.token_view import CompletionView, CreditRow
 
@@ -136,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.hub import prepare_hub
 
     prepare_hub()  # before anything loads; offline only where the user or the machine says so
+    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
     from mrtpo.evaluate import EvalUserError, load_model
     from mrtpo.models import ModelLoadError
-    from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
     from mrtpo.report.token_view import render_html
     from mrtpo.tasks import UnknownTaskError, get_task
     from mrtpo.tasks.from_config import TaskFileError

@@ -149,7 +149,8 @@ class _DecodeStep:
                 b_in = torch.cat([bqk, bv, rotate @ bqk])
                 (wo, bo) = effective_linear(attn.o_proj)
                 norm_post, eps_post = _norm_weight(layer.post_attention_layernorm)
-                (wg, bg), (wu, bu), (wd, bd) = (effective_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+                (wg, bg), (wu, bu), (wd, bd) = (effective_linear(m)
+                                                for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
                 if any(b is not None for b in (bo, bg, bu, bd)):
                     raise Unsupported("biases on the output or MLP projections")
                 w_gate_up = (torch.cat([wg, wu]) * norm_post).t().contiguous()
@@ -259,7 +260,8 @@ def sample(model: Any, input_ids: Tensor, attention_mask: Tensor, generation_con
         token = torch.where(unfinished, token, pad)
         new_tokens.append(token)
         if return_logits:
-            seen.append(torch.full((rows, logits.shape[-1]), float("nan"), device=logits.device).index_copy(0, active, logits))
+            full = torch.full((rows, logits.shape[-1]), float("nan"), device=logits.device)
+            seen.append(full.index_copy(0, active, logits))
         unfinished = unfinished & ~torch.isin(token, eos)
         left = int(unfinished.sum())
         if t == steps - 1 or left == 0:
@@ -294,5 +296,5 @@ def fast_sampling(model: Any):
     return patched_generate(model, replacement)
 
 
-__all__ = ["MAX_PARAMETERS", "SUPPORTED_MODEL_TYPES", "Unsupported", "draw", "effective_linear", "fast_sampling", "fast_sampling_supported",
-           "rotate_half_matrix", "sample"]
+__all__ = ["MAX_PARAMETERS", "SUPPORTED_MODEL_TYPES", "Unsupported", "draw", "effective_linear", "fast_sampling",
+           "fast_sampling_supported", "rotate_half_matrix", "sample"]

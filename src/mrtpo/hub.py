@@ -54,7 +54,7 @@ def user_setting() -> tuple[str, bool] | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe(url: str, timeout: float) -> bool:
     """One HEAD request to ``url`` in a daemon thread, waited on for at most ``timeout`` seconds."""
     answer: list[bool] = []

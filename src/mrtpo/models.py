@@ -486,7 +486,8 @@ def _load_hub(hub_id: str, dtype, **init):
         model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype, local_files_only=offline, **init)
     except (OSError, ValueError) as err:
         why = (f"the model hub is offline here ({offline_reason()}) and the model was not found in the local "
-               "Hugging Face cache" if offline else "the model hub is unreachable or the id (or revision) does not exist")
+               "Hugging Face cache" if offline
+               else "the model hub is unreachable or the id (or revision) does not exist")
         raise ModelLoadError(
             f"cannot load hub model {hub_id!r}: {why}. Use a preset instead ({_preset_list()}; "
             f"default {DEFAULT_MODEL!r}, installed by `bash scripts/setup.sh`), a local folder "

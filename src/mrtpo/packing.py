@@ -44,7 +44,7 @@ class PackedBatch:
     index: Tensor
     valid: Tensor
 
-    def to(self, device: Any, dtype: torch.dtype | None = None) -> "PackedBatch":
+    def to(self, device: Any, dtype: torch.dtype | None = None) -> PackedBatch:
         """On ``device``; with ``dtype`` the attention mask becomes additive in it (0 where attended, the
         dtype's minimum elsewhere), which SDPA's CPU kernel runs faster than a boolean mask."""
         moved = [getattr(self, f).to(device, non_blocking=True) for f in

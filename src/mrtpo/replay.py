@@ -139,7 +139,8 @@ def shared_lengths(contexts: Sequence[Sequence[int]]) -> list[int]:
     return [min(common_prefix_length([ctx, original]), len(ctx) - 1, len(original) - 1) for ctx in contexts]
 
 
-def _left_padded(sequences: Sequence[Sequence[int]], starts: Sequence[int], device: Any) -> tuple[Tensor, Tensor, Tensor]:
+def _left_padded(sequences: Sequence[Sequence[int]], starts: Sequence[int],
+                 device: Any) -> tuple[Tensor, Tensor, Tensor]:
     """``(ids, mask, positions)`` ``(N, W)`` of token sequences left-padded to the longest, each
     sequence's positions counting from its ``starts[i]``; built on the host, one copy each."""
     width = max(map(len, sequences))
@@ -486,8 +487,8 @@ def replay_completion(
 
 
 __all__ = [
-    "ForwardCounter", "GroupRelevance", "PassLogits", "ReplayGroup", "ReplayResult", "autocast_outputs", "batch_relevance",
-    "common_prefix_length",
+    "ForwardCounter", "GroupRelevance", "PassLogits", "ReplayGroup", "ReplayResult", "autocast_outputs",
+    "batch_relevance", "common_prefix_length",
     "completion_logits", "group_context_logits", "group_forward_calls", "group_relevance", "pass_context_logits",
     "pass_forward_calls", "plan_passes", "replay_completion", "replay_forward_calls", "shared_lengths",
     "underlying_model",

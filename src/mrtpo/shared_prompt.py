@@ -71,8 +71,8 @@ def shared_prompt_logps(
     cache = _returned_cache(head)
     cache.batch_select_indices(inverse)
     tail_ids = torch.cat([prompt_ids[:, -1:], completion_ids], dim=1)
-    labels = torch.cat([torch.full_like(prompt_ids[:, -1:], -100), completion_ids.masked_fill(completion_mask == 0, -100)],
-                       dim=1)
+    labels = torch.cat([torch.full_like(prompt_ids[:, -1:], -100),
+                        completion_ids.masked_fill(completion_mask == 0, -100)], dim=1)
     attention = torch.cat([prompt_mask, completion_mask], dim=1)
     out = model(input_ids=tail_ids, attention_mask=attention, labels=labels, fused_lm_head=True,
                 **{_cache_keyword(model): cache})

@@ -143,7 +143,8 @@ def load_task_data(config: RunConfig) -> TaskData:
         raise ConfigError(f"task_args {run.task_args!r} do not fit task {run.task!r}: {exc}") from None
     if run.model == "gym":
         if not hasattr(task, "policy"):
-            raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none (use a gym-* task)")
+            raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none "
+                              "(use a gym-* task)")
         from mrtpo.gym.policy import policy_spec
 
         try:
@@ -229,7 +230,7 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
         train_dataset=train_ds, eval_dataset=rows(evals) if evals else None, peft_config=peft_config,
     )
     card_name, adapter_name = base_model_names(run.model, run.task)
-    trainer.name_base_model(card_name, None if warm_folder else adapter_name)  # a warm start's adapter sits on its folder
+    trainer.name_base_model(card_name, None if warm_folder else adapter_name)  # a warm start's adapter: on its folder
     ours = prompt_renderer(task, tokenizer)(train[0])
     theirs = trainer._render(train_ds[0]["prompt"])
     if ours != theirs:
@@ -320,7 +321,8 @@ def resolve_from_argv(ns: argparse.Namespace) -> tuple[RunConfig, Path | None]:
                 for path in ns.config:
                     where = read_yaml(path).get("output_dir", where)
             if not where:
-                raise ConfigError("--resume without a path needs the run folder: give --output-dir (or --resume <folder>)")
+                raise ConfigError("--resume without a path needs the run folder: "
+                                  "give --output-dir (or --resume <folder>)")
         checkpoint, notes = find_checkpoint(where)
         run_dir = checkpoint.parent
         given = overrides.get("output_dir")
@@ -456,14 +458,16 @@ def _open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, over
     step = checkpoint_step(checkpoint)
     print(f"resuming from {checkpoint} (step {step})", flush=True)
     # A sample is tagged with the global step *before* its update: step s belongs to checkpoint s + 1.
-    logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step, "credit_samples.jsonl": lambda r: r.get("step", 0) < step}
+    logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step,
+            "credit_samples.jsonl": lambda r: r.get("step", 0) < step}
     for name, keep in logs.items():
         try:
             torn = trim_jsonl(out / name, keep)
         except ValueError as exc:
             raise ConfigError(f"{exc}; fix or remove that line to resume") from None
         if torn:
-            print(f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)", flush=True)
+            print(f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)",
+                  flush=True)
     write_config(config, out / CONFIG_NAME)
 
 

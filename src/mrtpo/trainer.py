@@ -51,10 +51,19 @@ from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize,
 from mrtpo.fast_decode import fast_sampling
 from mrtpo.packing import can_pack, packed_logps
 from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
-from mrtpo.replay_plan import (CREDIT_FIELDS, GroupPlan, context_rule, counterfactual_texts, group_rows,
-                               needs_evidence, plan_group, plan_replays)
+from mrtpo.replay_plan import (
+    CREDIT_FIELDS,
+    GroupPlan,
+    context_rule,
+    counterfactual_texts,
+    group_rows,
+    needs_evidence,
+    plan_group,
+    plan_replays,
+)
 from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
+from mrtpo.trainer_card import ModelCardMixin
 from mrtpo.trainer_config import (
     GLOBAL_NORMALISER_LOSSES,
     SEQUENCE_ADVANTAGES_KEY,
@@ -63,8 +72,7 @@ from mrtpo.trainer_config import (
     ZERO_ADVANTAGE_KEY,
     MRTPOConfig,
 )
-from mrtpo.trainer_card import ModelCardMixin
-from mrtpo.trainer_metrics import MetricsJSONL, credit_metric_keys, credit_metric_sums, credit_sample, peak_memory_gib
+from mrtpo.trainer_metrics import MetricsJSONL, append_samples, credit_metric_keys, credit_metric_sums, peak_memory_gib
 from mrtpo.update_rows import rows_that_move
 from mrtpo.verifiers import Evidence
 
@@ -130,7 +138,8 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             return
         for row in dataset:
             evidences = self._evidences(row)
-            self._counterfactual_texts(row, plan_group([0], evidences, [True] * len(evidences), self.credit_method.needs))
+            group = plan_group([0], evidences, [True] * len(evidences), self.credit_method.needs)
+            self._counterfactual_texts(row, group)
 
     def _evidences(self, row: dict) -> list[Evidence | None]:
         """Each reward's evidence for this row's prompt (``None``: the reward declares none)."""
@@ -154,12 +163,13 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         once (:func:`mrtpo.shared_prompt.shared_prefill`) instead of once per sample of its group."""
         shares = (self.args.shared_prompt_generation and not self.use_vllm
                   and not self.use_transformers_continuous_batching and images is None and not multimodal_fields)
+        call_args = (prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         if not shares:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            return super()._generate_single_turn(*call_args)
         model = self.accelerator.unwrap_model(self.model_wrapped)
         fast = self.args.fast_generation and not (self._dist.is_zero3 or self._dist.is_fsdp)  # full weights only
         with fast_sampling(model) if fast else shared_prefill(model):
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            return super()._generate_single_turn(*call_args)
 
     def _tokenize_prompts(self, prompts: list):
         """TRL's prompt tokenisation run once per distinct text-only prompt (a group's rows share one)."""
@@ -231,7 +241,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         # (per group and per row) then makes no host sync, however many groups there are
         lengths = out["completion_mask"].sum(-1).long().cpu()
         prompt_ids, prompt_mask = out["prompt_ids"].tolist(), out["prompt_mask"].tolist()
-        base_ids = [[token for token, keep in zip(ids, keep_mask) if keep] for ids, keep_mask in zip(prompt_ids, prompt_mask)]
+        base_ids = [[token for token, keep in zip(ids, keeps) if keep] for ids, keeps in zip(prompt_ids, prompt_mask)]
         groups = group_rows([(str(row.get("example_id", j)), tuple(base_ids[j])) for j, row in enumerate(inputs)])
         nonzero = None if coefficients is None else (coefficients != 0).tolist()
         plan = plan_replays(groups, [self._evidences(inputs[rows[0]]) for rows in groups], lengths.tolist(),
@@ -427,21 +437,10 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
 
     def _write_credit_samples(self, inputs, out, batch, weights, advantages, maps) -> None:
         """Append this step's first ``credit_samples`` completions to ``credit_samples.jsonl``."""
-        path = Path(self.args.output_dir) / "credit_samples.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        local_rewards = batch.local_rewards()
-        relevance = maps.get("relevance")
-        with path.open("a") as f:
-            for j in range(min(self.args.credit_samples, len(inputs))):
-                n = int(batch.mask[j].sum())
-                ids = out["completion_ids"][j, :n].tolist()
-                record = credit_sample(
-                    step=self.state.global_step, example_id=str(inputs[j].get("example_id", "")),
-                    method=self.args.method, names=self.reward_func_names, rewards=local_rewards[j].tolist(),
-                    token_ids=ids, tokens=[self.processing_class.decode([i]) for i in ids],
-                    weights=weights[j, :, :n], advantage=advantages[j, :n],
-                    relevance=relevance[j, :, :n] if relevance is not None else None)
-                f.write(json.dumps(record) + "\n")
+        append_samples(Path(self.args.output_dir) / "credit_samples.jsonl", inputs[:self.args.credit_samples],
+                       out["completion_ids"], batch.mask, batch.local_rewards(), weights, advantages,
+                       maps.get("relevance"), step=self.state.global_step, method=self.args.method,
+                       names=self.reward_func_names, decode=self.processing_class.decode)
 
 
 __all__ = ["GLOBAL_NORMALISER_LOSSES", "SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES", "TRL_AGGREGATION",

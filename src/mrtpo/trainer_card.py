@@ -25,7 +25,7 @@ MRTPO_PAPER = {
             author       = {Skylar Zhai and Haonan Wang and Zhining Liu and Linxin Song and Xuwei Ding and Jingcheng Liang and Jian Kang},
             year         = 2026,
             eprint       = {arXiv:2610.21439},
-        }"""),
+        }"""),  # noqa: E501 - BibTeX fields kept whole, as TRL's card prints them
 }
 
 

@@ -44,18 +44,28 @@ class MRTPOConfig(GRPOConfig):
     relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})
     lam: float = field(default=1.0, metadata={"help": "weight interpolation: 0 uniform, 1 proportional to relevance"})
     reward_lam: list[float] | None = field(default=None, metadata={"help": (
-        "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); None: lam for all")})
-    w_max: float | None = field(default=None, metadata={"help": "cap on one token's weight (then renormalised); None: no cap"})
-    relevance_chunk_size: int | None = field(default=None, metadata={"help": "positions per relevance chunk; None: auto"})
-    relevance_top_k: int | None = field(default=None, metadata={"help": "top-k approximation of the JS sum; None: exact"})
-    replay_micro_batch: int | None = field(default=None, metadata={"help": "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group"})
-    replay_groups_per_pass: int | None = field(default=1, metadata={"help": "prompt groups replayed in one pass of three forward calls (fewer calls; logits memory grows with it); None: all of a step's groups"})
+        "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); "
+        "None: lam for all")})
+    w_max: float | None = field(default=None, metadata={"help": (
+        "cap on one token's weight (then renormalised); None: no cap")})
+    relevance_chunk_size: int | None = field(default=None, metadata={"help": (
+        "positions per relevance chunk; None: auto")})
+    relevance_top_k: int | None = field(default=None, metadata={"help": (
+        "top-k approximation of the JS sum; None: exact")})
+    replay_micro_batch: int | None = field(default=None, metadata={"help": (
+        "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group")})
+    replay_groups_per_pass: int | None = field(default=1, metadata={"help": (
+        "prompt groups replayed in one pass of three forward calls (fewer calls; logits memory grows with it); "
+        "None: all of a step's groups")})
     skip_zero_advantage: bool = field(default=True, metadata={"help": (
         "leave out the replays and update rows that cannot move the policy (exact); false runs them anyway, "
         "e.g. to time whole steps on a random-weight model whose rewards are all 0")})
-    privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": "header above appended privileged evidence"})
-    credit_batch_norm: bool = field(default=True, metadata={"help": "normalise sequence scores over the global batch (GDPO step 3)"})
-    credit_samples: int = field(default=2, metadata={"help": "completions per generation step saved for the token-credit view"})
+    privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": (
+        "header above appended privileged evidence")})
+    credit_batch_norm: bool = field(default=True, metadata={"help": (
+        "normalise sequence scores over the global batch (GDPO step 3)")})
+    credit_samples: int = field(default=2, metadata={"help": (
+        "completions per generation step saved for the token-credit view")})
     shared_prompt_generation: bool = field(default=True, metadata={"help": (
         "prefill each distinct prompt once before sampling its group (transformers generation, text only)")})
     fast_generation: bool = field(default=True, metadata={"help": (

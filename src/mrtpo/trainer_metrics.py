@@ -200,5 +200,23 @@ def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[st
     return record
 
 
-__all__ = ["MetricsJSONL", "append_jsonl", "credit_metric_keys", "credit_metric_sums", "credit_sample", "json_line",
-           "peak_memory_gib", "trim_jsonl", "DECILE_KEYS"]
+def append_samples(path: Path, rows: Sequence[dict], completion_ids: Tensor, mask: Tensor, rewards: Tensor,
+                   weights: Tensor, advantages: Tensor, relevance: Tensor | None, *, step: int, method: str,
+                   names: Sequence[str], decode: Callable[[list[int]], str]) -> None:
+    """Append a :func:`credit_sample` line to ``path`` for each of the batch's first ``len(rows)``
+    completions (``rows``: their input rows; ``decode``: one token id list to its text)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for j, row in enumerate(rows):
+            n = int(mask[j].sum())
+            ids = completion_ids[j, :n].tolist()
+            record = credit_sample(
+                step=step, example_id=str(row.get("example_id", "")), method=method, names=names,
+                rewards=rewards[j].tolist(), token_ids=ids, tokens=[decode([i]) for i in ids],
+                weights=weights[j, :, :n], advantage=advantages[j, :n],
+                relevance=relevance[j, :, :n] if relevance is not None else None)
+            f.write(json.dumps(record) + "\n")
+
+
+__all__ = ["MetricsJSONL", "append_jsonl", "append_samples", "credit_metric_keys", "credit_metric_sums",
+           "credit_sample", "json_line", "peak_memory_gib", "trim_jsonl", "DECILE_KEYS"]

@@ -43,22 +43,24 @@ from mrtpo.bench.floors import (
     update_seconds,
 )
 from mrtpo.cli_help import HelpFormatter
-from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.counterfactual import prompt_renderer
+from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, shared_lengths
 from mrtpo.replay_plan import example_contexts, plan_replays
 from mrtpo.sampling import sample_group
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench cost", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="mrtpo bench cost", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--task", default="sql", help="task whose train prompts make the batch")
     add_sampling_arguments(p, prompts=2, max_new_tokens=64, methods="grpo,gdpo,mrtpo,contrast,entropy", dtype="float32")
     p.add_argument("--top-k", type=int, help="top-k approximation of the JS sum in the replays (default: exact)")
     p.add_argument("--groups-per-pass", type=int, default=1,
                    help="prompt groups replayed in one pass of three forward calls (0: all), as replay_groups_per_pass")
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank on q/k/v/o for the update (0: full fine-tuning)")
-    p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of the trainer's update (the shared mode)")
+    p.add_argument("--profile", action="store_true",
+                   help="print torch.profiler's top ops of the trainer's update (the shared mode)")
     p.add_argument("--update-modes", default=",".join(UPDATE_MODES),
                    help="comma-separated update modes timed against the floor (rows without checkpointing holds "
                         "every position's full-vocabulary logits: ~21 GB on the default model)")
@@ -130,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         comps, lengths = sample_group(model, tok, p_ids, args.group_size, args.max_new_tokens)
         batch.append((ex, p_ids, comps, lengths))
     generation_s = time.perf_counter() - gen_start
-    texts = [[tok.decode(c[:n], skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())] for _, _, comps, lengths in batch]
-    rewards, scoring_s = _timed(lambda: torch.tensor([[float("nan") if (r := v(t, ex)) is None else float(r) for v in verifiers]
+    texts = [[tok.decode(c[:n], skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
+             for _, _, comps, lengths in batch]
+    rewards, scoring_s = _timed(lambda: torch.tensor([[float("nan") if (r := v(t, ex)) is None else float(r)
+                                                       for v in verifiers]
                                                       for (ex, *_), ts in zip(batch, texts) for t in ts]))
     t_max = max(int(lengths.max()) for *_, lengths in batch)
     n_rows = args.prompts * args.group_size
@@ -146,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             mask[j, : int(lengths[i])] = 1
             prompt_ids.append(p_ids)
     initial_state = copy.deepcopy(model.state_dict())
-    update_batch = lambda advantages: UpdateBatch.from_groups(prompt_ids, completions, mask, advantages, tok.pad_token_id)  # noqa: E731
+
+    def update_batch(advantages):
+        return UpdateBatch.from_groups(prompt_ids, completions, mask, advantages, tok.pad_token_id)
 
     rows = []
     for method_name in args.methods.split(","):
@@ -191,14 +197,15 @@ def main(argv: list[str] | None = None) -> int:
 
     floors = _floors(model, initial_state, update_batch(advantages), batch, args, generation_s)
 
-    header = (f"{'method':>9} {'gen s':>7} {'score s':>8} {'replay s':>9} {'of it kernel s':>15} {'update s':>9} {'calls':>6} "
-              f"{'naive floor s':>14} {'unique floor s':>15}")
+    header = (f"{'method':>9} {'gen s':>7} {'score s':>8} {'replay s':>9} {'of it kernel s':>15} {'update s':>9} "
+              f"{'calls':>6} {'naive floor s':>14} {'unique floor s':>15}")
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['method']:>9} {r['generation_s']:>7.1f} {r['scoring_s']:>8.2f} {r['replay_s']:>9.2f} "
               f"{r['replay_kernel_s']:>15.2f} {r['update_s']:>9.2f} "
-              f"{r['replay_forward_calls']:>6} {r.get('naive_floor_s', float('nan')):>14.2f} {r.get('unique_floor_s', float('nan')):>15.2f}")
+              f"{r['replay_forward_calls']:>6} {r.get('naive_floor_s', float('nan')):>14.2f} "
+              f"{r.get('unique_floor_s', float('nan')):>15.2f}")
     print()
     print(f"{'phase':>26} {'s':>8} {'floor s':>8} {'ratio':>6}")
     for name, (seconds, floor) in floors["phases"].items():
@@ -207,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
           f"decode floor {floors['decode_tokens_per_s']:.1f} tokens/s")
     for mode, table in floors.get("profile", {}).items():
         print(f"\nprofile of the update ({mode}):\n{table}")
-    write_record(args.out, "cost of one training step per method (same batch)", "mrtpo bench cost " + " ".join(argv or []),
-                 rows, settings={k: str(v) for k, v in vars(args).items()}, floors=floors)
+    write_record(args.out, "cost of one training step per method (same batch)",
+                 "mrtpo bench cost " + " ".join(argv or []), rows,
+                 settings={k: str(v) for k, v in vars(args).items()}, floors=floors)
     return 0
 
 

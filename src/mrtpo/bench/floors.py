@@ -41,7 +41,7 @@ class UpdateBatch:
 
     @classmethod
     def from_groups(cls, prompts: list[list[int]], completions: Tensor, mask: Tensor, advantages: Tensor,
-                    pad_id: int) -> "UpdateBatch":
+                    pad_id: int) -> UpdateBatch:
         """From one prompt's ids per row (equal within a group) and right-padded completions ``(B, T)``."""
         width = max(map(len, prompts))
         ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts])

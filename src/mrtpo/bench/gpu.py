@@ -49,7 +49,8 @@ TARGETS = {"step_ratio": 1.10, "replay_ratio": 1.2}
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench gpu", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="mrtpo bench gpu", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--shapes", default="q05,q15", help=f"comma-separated model shapes: {', '.join(SHAPES)}")
     p.add_argument("--methods", default="gdpo,mrtpo", help="comma-separated credit methods")
     p.add_argument("--tokenizer", type=Path, help="folder with the real tokenizer files (default: the default "
@@ -60,8 +61,8 @@ def _parse(argv):
     p.add_argument("--group-size", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=128, help="completion length (random weights run to it)")
     p.add_argument("--deadline", type=float, default=450.0, help="seconds the whole check may take")
-    p.add_argument("--replay-timeout", type=float, default=120.0, help="seconds the replay measurement may take per shape "
-                   "(0: skip it)")
+    p.add_argument("--replay-timeout", type=float, default=120.0,
+                   help="seconds the replay measurement may take per shape (0: skip it)")
     p.add_argument("--output-dir", "--out", dest="out", type=Path, default=Path("runs/bench/gpu"), metavar="DIR",
                    help="folder for runs, logs and gpu.json")
     p.add_argument("--models", type=Path, help="folder for the built models (default: DIR/models; 1-3 GB each)")
@@ -234,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['generation']:>7.2f} {r['replay']:>8.2f} {r['update']:>8.2f} {peak:>8}")
     for shape, ratio in ratios.items():
         replayed = any(r["replay"] > 0 for r in rows if r["shape"] == shape and r["method"] == "mrtpo")
-        verdict = ("met" if ratio <= TARGETS["step_ratio"] else "NOT met") if replayed else "not measured: no replay ran"
+        verdict = (("met" if ratio <= TARGETS["step_ratio"] else "NOT met") if replayed
+                   else "not measured: no replay ran")
         print(f"mrtpo / gdpo step, {shape}: {ratio:.2f}x (target <= {TARGETS['step_ratio']:.2f}x: {verdict})")
     for shape, r in replays.items():
         if r.get("rc") != 0:

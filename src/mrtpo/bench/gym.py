@@ -42,15 +42,18 @@ DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench gym", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    p.add_argument("--task", default="gym-constraints", help="a gym task (gym-constraints, gym-answer, gym-call, gym-overlap)")
+    p = argparse.ArgumentParser(prog="mrtpo bench gym", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--task", default="gym-constraints",
+                   help="a gym task (gym-constraints, gym-answer, gym-call, gym-overlap)")
     p.add_argument("--task-arg", action="append", default=[], metavar="key=value",
                    help="a gym setting, e.g. num_clauses=4 (repeatable)")
     add_sampling_arguments(p, prompts=32, max_new_tokens=None, methods=",".join(DEFAULT_METHODS), dtype="float32")
     p.set_defaults(model="gym", group_size=8)
     p.add_argument("--lam", type=float, default=1.0, help="λ of the weights (1: proportional to relevance)")
     p.add_argument("--relevance", default="js", choices=("js", "kl", "logratio"), help="relevance of a replay")
-    p.add_argument("--out", type=Path, metavar="FILE", help="JSON record (default: runs/bench/gym-precision-<task>.json)")
+    p.add_argument("--out", type=Path, metavar="FILE",
+                   help="JSON record (default: runs/bench/gym-precision-<task>.json)")
     return p.parse_args(argv)
 
 
@@ -115,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     from mrtpo.config import parse_overrides
-    from mrtpo.models import load_policy
     from mrtpo.counterfactual import prompt_renderer
+    from mrtpo.models import load_policy
     from mrtpo.sampling import sample_group
     from mrtpo.tasks import get_task
 
@@ -158,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, text in enumerate(texts):
             truth = task.relevant_positions(ex, text.split())
             for r in completion_precision({m: w[i] for m, w in weights.items()}, names, truth, int(lengths[i])):
-                rows.append({"example": ex.id, "completion": i, "reward_value": float(rewards[i, names.index(r["reward"])]),
+                rows.append({"example": ex.id, "completion": i,
+                             "reward_value": float(rewards[i, names.index(r["reward"])]),
                              "kind": task.reward_kind(ex, r["reward"]), **r, "text": text})
 
     summary = summarise(rows, methods)
@@ -182,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{s['reward']:<12} {s['n']:>4} {s['relevant_share']:>6.2f} " + " ".join(f"{c:>24}" for c in cells))
     out = args.out or Path("runs/bench") / f"gym-precision-{args.task}.json"
     write_record(out, "credit precision against the gym's ground truth", "mrtpo bench gym " + " ".join(argv or []),
-                 rows, summary=summary, by_kind=by_kind, conditioning=evidence_table, settings={k: str(v) for k, v in vars(args).items()}, task=task.cache_key())
+                 rows, summary=summary, by_kind=by_kind, conditioning=evidence_table,
+                 settings={k: str(v) for k, v in vars(args).items()}, task=task.cache_key())
     return 0
 
 

@@ -33,7 +33,8 @@ DEFAULT_MAX_NEW_TOKENS = {"instructions": 192, "toolcall": 96, "sql": 64}
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench lift", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="mrtpo bench lift", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--task", default="instructions", help="instructions, toolcall, sql or any task with checked_spans")
     add_sampling_arguments(p, prompts=8, max_new_tokens=None, methods=",".join(DEFAULT_METHODS), dtype="bfloat16")
     p.add_argument("--scan", type=int, default=500, help="train examples scanned for prompts with a span")
@@ -95,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     prepare_hub()  # offline only where the user or the machine says so
     from tqdm.auto import tqdm
 
-    from mrtpo.models import load_policy
     from mrtpo.counterfactual import prompt_renderer
+    from mrtpo.models import load_policy
     from mrtpo.tasks import get_task
 
     methods = method_list(args.methods)
@@ -122,14 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for ex in tqdm(examples, desc=f"lift · {args.task}", unit="prompt"):
         group = sample_and_weigh(model, tok, ex, verifiers, render, methods, args.group_size, max_new)
-        comps, lengths, texts, rewards, weights = group.completions, group.lengths, group.texts, group.rewards, group.weights
+        comps, lengths, texts = group.completions, group.lengths, group.texts
+        rewards, weights = group.rewards, group.weights
         for i, text in enumerate(texts):
             n = int(lengths[i])
             spans = task.checked_spans(ex, text)
             offsets = token_offsets(tok, comps[i, :n].tolist())
             for r in completion_lifts({m: w[i] for m, w in weights.items()}, names, spans, offsets):
-                rows.append({"example": ex.id, "completion": i, "reward_value": float(rewards[i, names.index(r["reward"])]),
-                             **r, "text": text})
+                rows.append({"example": ex.id, "completion": i,
+                             "reward_value": float(rewards[i, names.index(r["reward"])]), **r, "text": text})
 
     summary = summarise(rows, methods)
     header = f"{'span kind':<22} {'n':>4} {'share':>6} " + " ".join(f"{m:>20}" for m in methods)

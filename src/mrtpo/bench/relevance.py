@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     table = format_table(rows)
     print(table)
     print("(* = chunk_size=None, chosen by auto_chunk_size; extra MiB = peak memory added by the kernel)")
-    write_record(args.out, "relevance kernel (js_distance)", "mrtpo bench relevance" + (" --quick" if args.quick else ""), rows)
+    write_record(args.out, "relevance kernel (js_distance)",
+                 "mrtpo bench relevance" + (" --quick" if args.quick else ""), rows)
     return 0
 
 

@@ -26,8 +26,9 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -37,7 +38,8 @@ from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, plan_pass
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench replay", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="mrtpo bench replay", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
     add_batch_arguments(p, prompts=4, group_size=8, max_new_tokens=128)  # completions: random tokens of that length
     p.add_argument("--task", default="sql", help="task whose train prompts and evidence make the contexts")
     p.add_argument("--groups-per-pass", type=int, default=0, help="prompt groups per replay pass (0: all)")

@@ -45,7 +45,8 @@ def _parse(argv):
     p = argparse.ArgumentParser(prog="mrtpo bench step", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", default="gym-constraints", help="task to train on")
-    p.add_argument("--preset", default="gym", help="bench learn preset (configs/bench-learn-<name>.yaml) or a YAML file")
+    p.add_argument("--preset", default="gym",
+                   help="bench learn preset (configs/bench-learn-<name>.yaml) or a YAML file")
     p.add_argument("--methods", default="gdpo,mrtpo", help="comma-separated credit methods, timed one after the other")
     p.add_argument("--steps", type=int, default=150, help="training steps per method")
     p.add_argument("--seed", type=int, default=0, help="training seed")
@@ -102,10 +103,12 @@ class _StepTokens:
         def recording(inputs):
             self._replayed = 0.0
             out = generate(inputs)
-            prompts = {tuple(ids[mask.bool()].tolist()) for ids, mask in zip(out["prompt_ids"].cpu(), out["prompt_mask"].cpu())}
+            prompts = {tuple(ids[mask.bool()].tolist())
+                       for ids, mask in zip(out["prompt_ids"].cpu(), out["prompt_mask"].cpu())}
             self.rows.append({"prompt": float(sum(map(len, prompts))), "sampled": float(out["completion_mask"].sum()),
                               "replayed": self._replayed,
-                              "context": float(out["prompt_mask"].sum(-1).float().mean() + out["completion_mask"].shape[1] / 2)})
+                              "context": float(out["prompt_mask"].sum(-1).float().mean()
+                                               + out["completion_mask"].shape[1] / 2)})
             return out
 
         self._replayed = 0.0
@@ -135,9 +138,9 @@ def _config(args, method: str, output_dir: Path, steps: int):
 def _train(args, method: str, steps: int, folder: Path, profiler=None) -> tuple[Any, _StepTokens, list[dict]]:
     """Train ``steps`` steps of ``method`` into ``folder`` (under ``profiler``, a context manager, if
     given: only the training loop, not building the trainer); the trainer, its token counts and logs."""
-    from mrtpo.train import build_trainer
-
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from mrtpo.train import build_trainer
 
     trainer = build_trainer(_config(args, method, folder, steps))
     for callback in list(trainer.callback_handler.callbacks):  # no line per step: the summary is the output
@@ -180,8 +183,7 @@ def measure(args, method: str, rate: float, scratch: Path) -> dict[str, Any]:
 
 def profile(args, method: str, scratch: Path) -> dict[str, str]:
     """Top Python frames (cProfile, by own time) and torch operators of ``--profile`` more steps."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+    from torch.profiler import ProfilerActivity, profile as torch_profile
 
     frames = cProfile.Profile()
     _train(args, method, args.profile, scratch / f"{method}-cprofile", profiler=frames)
@@ -234,7 +236,8 @@ def main(argv: list[str]) -> int:
         if args.profile:
             for method in methods:
                 profiles[method] = profile(args, method, scratch)
-                print(f"\n--- {method}: Python frames by own time ({args.profile} steps) ---\n{profiles[method]['python']}")
+                print(f"\n--- {method}: Python frames by own time ({args.profile} steps) ---\n"
+                      f"{profiles[method]['python']}")
                 print(f"--- {method}: torch operators ---\n{profiles[method]['torch']}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

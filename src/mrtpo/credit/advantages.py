@@ -1,4 +1,5 @@
-"""Sequence- and token-level advantages from several rewards (docs/design.md#step-group-advantages, #step-batch-statistics, #step-token-advantages).
+"""Sequence- and token-level advantages from several rewards
+(docs/design.md#step-group-advantages, #step-batch-statistics, #step-token-advantages).
 
 Every function here is pure torch: no model, tokenizer or trainer. Rows are completions ordered
 group by group, ``N = num_prompts × group_size``; ``rewards`` is ``(N, K)`` with NaN where a
@@ -162,7 +163,8 @@ def token_advantages(
     batch_stats: tuple[Tensor | float, Tensor | float] | None = None,
     rows: slice | None = None,
 ) -> Tensor:
-    """Per-token advantages ``A[j,t]`` (docs/design.md#step-token-advantages), ``(N, T)`` float32, 0 where ``mask`` is 0.
+    """Per-token advantages ``A[j,t]`` (docs/design.md#step-token-advantages), ``(N, T)`` float32, 0 where
+    ``mask`` is 0.
 
     ``A[j,t] = (Σ_k ω_k Â[j,k] w[j,k,t] − μ) / (σ + 1e-4)`` with ``μ, σ`` the batch statistics
     of the sequence scores ``S[j] = Σ_k ω_k Â[j,k]``. ``weights`` is ``(N, K, T)`` (1 where a

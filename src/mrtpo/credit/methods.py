@@ -189,7 +189,8 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
     elif needs in ("joint", "entropy"):
         what = "joint relevance (N, T)" if needs == "joint" else "the policy's per-token entropy (N, T)"
         token_map = _require(batch.joint_relevance if needs == "joint" else batch.entropy, what, needs)
-        weights = relevance_weights(token_map, batch.mask, config.lam, config.w_max).unsqueeze(1).expand(n, k, t).clone()
+        weights = relevance_weights(token_map, batch.mask, config.lam, config.w_max)
+        weights = weights.unsqueeze(1).expand(n, k, t).clone()
     return weights
 
 

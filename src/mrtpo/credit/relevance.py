@@ -306,8 +306,8 @@ RELEVANCE_KINDS: tuple[str, ...] = ("js", "kl", "logratio")
 
 def _check_rows(logits: Tensor, rows: Tensor, mask: Tensor) -> None:
     if logits.dim() != 3 or mask.dim() != 2 or rows.shape != (mask.shape[0],) or mask.shape[1] != logits.shape[1]:
-        raise ValueError(f"need logits (R, T, V), rows (N,) and mask (N, T) with the same T; got {tuple(logits.shape)}, "
-                         f"{tuple(rows.shape)} and {tuple(mask.shape)}")
+        raise ValueError(f"need logits (R, T, V), rows (N,) and mask (N, T) with the same T; "
+                         f"got {tuple(logits.shape)}, {tuple(rows.shape)} and {tuple(mask.shape)}")
 
 
 def paired_relevance(

@@ -323,7 +323,8 @@ def _parser() -> argparse.ArgumentParser:
         help="preset name, .gguf file, folder saved with save_pretrained, training checkpoint "
         "(checkpoint-N, or its parent: the highest N is used), PEFT adapter folder, or hub id",
     )
-    p.add_argument("--base-model", default=None, help="base model of a PEFT adapter (default: the one its adapter_config.json names)")
+    p.add_argument("--base-model", default=None,
+                   help="base model of a PEFT adapter (default: the one its adapter_config.json names)")
     p.add_argument("--split", default="eval", help=f"split to score. Splits: {_split_help()}")
     p.add_argument("--limit", type=int, default=None, help="score only the first N examples of the split")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")

@@ -4,16 +4,20 @@ Prompt: ``items : owl red pie rome . op : reverse . format : answer inside <ans>
 Gold response: ``<ans> rome pie red owl </ans>``. Operations: ``copy``, ``reverse``, ``keep
 <category>`` (the items of one category, in order).
 
-=========  ========================================  =============================  ===========================================
-reward     checks                                    evidence                       relevant positions
-=========  ========================================  =============================  ===========================================
-format     one ``<ans>`` first, one ``</ans>`` last  the format clause (in prompt)  first and last word, any stray wrapper word
-valid      every answer word is one of the items     the items clause (in prompt)   the non-item words; if none, every answer word
-result     the answer equals the gold list           the gold answer (privileged)   the first wrong position; if right, every answer word
-=========  ========================================  =============================  ===========================================
+======  ========================================  =============================  ====================================
+reward  checks                                    evidence                       relevant positions
+======  ========================================  =============================  ====================================
+format  one ``<ans>`` first, one ``</ans>`` last  the format clause (in prompt)  first and last word, any stray
+                                                                                 wrapper word
+valid   every answer word is one of the items     the items clause (in prompt)   the non-item words; if none, every
+                                                                                 answer word
+result  the answer equals the gold list           the gold answer (privileged)   the first wrong position; if right,
+                                                                                 every answer word
+======  ========================================  =============================  ====================================
 
 ``valid`` plays the role of SQL's ``executes`` (its evidence, the item list, is like the schema) and
-``result`` that of the gold-result match. The answer words are the words that are not wrapper words (``<ans>``, ``</ans>``, ``[``, ``]``).
+``result`` that of the gold-result match. The answer words are the words that are not wrapper words
+(``<ans>``, ``</ans>``, ``[``, ``]``).
 """
 
 from __future__ import annotations

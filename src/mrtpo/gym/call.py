@@ -4,14 +4,17 @@ Prompt: ``tools : order ( food , count ) ; find ( city , day ) . request : 3 pie
 in <call> </call> .`` The request gives only the values, shuffled; the function is the one whose
 argument types they fit. Gold response: ``<call> order ( food = pie , count = 3 ) </call>``.
 
-=============  ===============================================  ==============================  =========================================
-reward         checks                                           evidence                        relevant positions
-=============  ===============================================  ==============================  =========================================
-format         ``<call>`` + a well-formed call + ``</call>``    the format clause (in prompt)   first and last word, any stray wrapper word
-correctness    partial credit in [0, 1]: (name right + share    the gold call (privileged)      the wrong name / argument / value words;
-               of gold arguments named + share with the right                                   if all right, the name and every value
-               value) / 3, read from the first ``name (`` call
-=============  ===============================================  ==============================  =========================================
+===========  ====================================  =============================  ====================================
+reward       checks                                evidence                       relevant positions
+===========  ====================================  =============================  ====================================
+format       ``<call>`` + a well-formed call +     the format clause (in prompt)  first and last word, any stray
+             ``</call>``                                                          wrapper word
+correctness  partial credit in [0, 1]: (name       the gold call (privileged)     the wrong name / argument / value
+             right + share of gold arguments                                      words; if all right, the name and
+             named + share with the right value)                                  every value
+             / 3, read from the first ``name (``
+             call
+===========  ====================================  =============================  ====================================
 """
 
 from __future__ import annotations

@@ -139,7 +139,8 @@ def verifiers(num_clauses: int, overlap: bool = False) -> list[GymVerifier]:
 
         evidence = lambda ex: Evidence(ex.gold["clauses"][0]["text"], "in_prompt")  # noqa: E731
         positions = lambda words, ex: occurrences(words, ex.gold["clauses"][0]["args"][0])  # noqa: E731
-        return [GymVerifier("once", at_least(1), evidence, positions), GymVerifier("twice", at_least(2), evidence, positions)]
+        return [GymVerifier("once", at_least(1), evidence, positions),
+                GymVerifier("twice", at_least(2), evidence, positions)]
 
     def slot(i: int) -> GymVerifier:
         def score(words: Words, ex: Example) -> float | None:

@@ -74,7 +74,8 @@ def build_model(spec: PolicySpec, tokenizer):
     return model
 
 
-def demonstration_batch(task, tokenizer, rng: random.Random, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def demonstration_batch(task, tokenizer, rng: random.Random,
+                        size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``size`` fresh demonstrations as ``(input_ids, attention_mask, labels)``, each ``(B, L)``,
     right-padded; labels are -100 except on the response words and the end-of-turn token."""
     rows = []

@@ -15,9 +15,9 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, append_privileged
 from mrtpo.gym import answer, call, constraints
 from mrtpo.gym.base import GymVerifier, Words, example_rng
-from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, append_privileged
 from mrtpo.verifiers import Example
 
 SPLITS = ("train", "eval")

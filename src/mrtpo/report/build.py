@@ -216,8 +216,8 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
     held_out = eval_rows(records)
     if held_out:
         md += ["", "## Held-out evaluation", "", "| metric | first eval | last eval |", "|---|---:|---:|"]
-        md += [f"| {r['name']} | {_fmt(r['first'])} (step {r['first_step']}) | {_fmt(r['last'])} (step {r['last_step']}) |"
-               for r in held_out]
+        md += [f"| {r['name']} | {_fmt(r['first'])} (step {r['first_step']}) | "
+               f"{_fmt(r['last'])} (step {r['last_step']}) |" for r in held_out]
     md += ["", "![training curves](curves.png)", "", "## Sampled completions", ""]
     if not picked:
         md.append("No credit samples were recorded (credit_samples=0, or no step ran).")

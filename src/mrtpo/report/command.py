@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
                     "(after a crash, or a run with report: false).")
     p.add_argument("run", metavar="RUN", help="run folder of mrtpo train")
     p.add_argument("--samples", type=int, metavar="N",
-                   help="completions shown from the first and the last step (default: the run's report_samples, else 2)")
+                   help="completions shown from the first and the last step "
+                        "(default: the run's report_samples, else 2)")
     return p
 
 

@@ -2,10 +2,10 @@
 
 :func:`plot_run` draws one run: a panel per reward (its mean per step with a ±std band), the
 total reward, completion length, loss, the time each step spent in generation / scoring /
-replay / update, and (when logged) each reward's credit concentration and mean relevance. :func:`plot_runs` overlays several runs (methods, seeds) on the same panels
-for benchmarks. Both read the keys TRL and :class:`~mrtpo.trainer.MRTPOTrainer` log:
-``rewards/<name>/mean|std``, ``reward``, ``reward_std``, ``completions/mean_length``, ``loss``,
-``time/<phase>``.
+replay / update, and (when logged) each reward's credit concentration and mean relevance.
+:func:`plot_runs` overlays several runs (methods, seeds) on the same panels for benchmarks. Both
+read the keys TRL and :class:`~mrtpo.trainer.MRTPOTrainer` log: ``rewards/<name>/mean|std``,
+``reward``, ``reward_std``, ``completions/mean_length``, ``loss``, ``time/<phase>``.
 """
 
 from __future__ import annotations
@@ -182,7 +182,8 @@ def plot_run(metrics: str | os.PathLike | Records, out: str | os.PathLike, title
     return out
 
 
-def plot_runs(runs: Mapping[str, str | os.PathLike | Records], out: str | os.PathLike, title: str | None = None) -> Path:
+def plot_runs(runs: Mapping[str, str | os.PathLike | Records], out: str | os.PathLike,
+              title: str | None = None) -> Path:
     """Several runs overlaid (one colour per label): each reward, total reward, length, loss, and
     the mean time per step of each phase as grouped bars. ``runs``: label → metrics source."""
     loaded = {label: load_metrics(src) if isinstance(src, (str, os.PathLike)) else list(src)

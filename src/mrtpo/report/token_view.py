@@ -88,7 +88,8 @@ def render_cards(views: Sequence[CompletionView]) -> str:
             parts.append(f"<div class='notes'>{notes}</div>")
         for row in view.rows:
             w_top = max([w for w in row.weights if math.isfinite(w)] + [1.0])
-            reward = "n/a" if row.reward is None or (isinstance(row.reward, float) and math.isnan(row.reward)) else f"{row.reward:g}"
+            unscored = row.reward is None or (isinstance(row.reward, float) and math.isnan(row.reward))
+            reward = "n/a" if unscored else f"{row.reward:g}"
             sub = f"reward {reward} · {row.evidence or 'no evidence (uniform)'}"
             cells = []
             for i, (tok, w) in enumerate(zip(view.tokens, row.weights)):
@@ -97,12 +98,13 @@ def render_cards(views: Sequence[CompletionView]) -> str:
                     tip += f", relevance {row.relevance[i]:.4f}"
                 cells.append(f"<span class='tok' style='background:{_weight_colour(w, w_top)}' "
                              f"title='{html.escape(tip, quote=True)}'>{_token_text(tok)}</span>")
-            parts.append(f"<div class='row'><div class='label'><b>{html.escape(row.name)}</b><small>{html.escape(sub)}</small>"
-                         f"</div><div class='tokens'>{''.join(cells)}</div></div>")
+            parts.append(f"<div class='row'><div class='label'><b>{html.escape(row.name)}</b>"
+                         f"<small>{html.escape(sub)}</small></div><div class='tokens'>{''.join(cells)}</div></div>")
         if view.advantage is not None:
             scale = max([abs(a) for a in view.advantage] + [1e-9])
             cells = [f"<span class='tok' style='background:{_signed_colour(a, scale)}' "
-                     f"title='{html.escape(f'advantage token {i} {tok!r}: {a:+.4f}', quote=True)}'>{_token_text(tok)}</span>"
+                     f"title='{html.escape(f'advantage token {i} {tok!r}: {a:+.4f}', quote=True)}'>"
+                     f"{_token_text(tok)}</span>"
                      for i, (tok, a) in enumerate(zip(view.tokens, view.advantage))]
             parts.append(f"<div class='row'><div class='label'><b>advantage</b><small>per token, all rewards</small>"
                          f"</div><div class='tokens'>{''.join(cells)}</div></div>")

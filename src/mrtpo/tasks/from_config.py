@@ -211,7 +211,8 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
     import datasets
 
     ref, folder = spec.dataset, spec.folder
-    if isinstance(ref, dict) or isinstance(ref, list) or (isinstance(ref, str) and Path(ref).suffix.lower() in _BUILDERS):
+    if isinstance(ref, dict) or isinstance(ref, list) or (isinstance(ref, str)
+                                                           and Path(ref).suffix.lower() in _BUILDERS):
         by_split = ref if isinstance(ref, dict) else {"train": ref}
         files = {str(s): [str(p) for p in _data_files(f, folder)] for s, f in by_split.items()}
         builders = {_BUILDERS[Path(f).suffix.lower()] for fs in files.values() for f in fs}
@@ -220,7 +221,8 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
         loaded = datasets.load_dataset(builders.pop(), data_files=files)
         return dict(loaded)
     if not isinstance(ref, str):
-        raise TaskFileError(f"dataset must be a path, a list of files, a split -> file mapping or a hub id, got {ref!r}")
+        raise TaskFileError(f"dataset must be a path, a list of files, a split -> file mapping or a hub id, "
+                            f"got {ref!r}")
     local = (folder / ref).resolve()
     if local.is_dir():
         if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
@@ -228,7 +230,8 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
             return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         return dict(datasets.load_dataset(str(local), spec.subset))
     if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
-        raise TaskFileError(f"dataset {local} does not exist (paths are relative to the folder of the task's YAML file)")
+        raise TaskFileError(f"dataset {local} does not exist "
+                            "(paths are relative to the folder of the task's YAML file)")
     try:
         return dict(datasets.load_dataset(ref, spec.subset))
     except Exception as exc:  # noqa: BLE001 -- offline, unknown id, gated: say which and how to lift it
@@ -299,8 +302,8 @@ class ConfigTask:
         splits = load_splits(spec)
         for wanted in filter(None, (spec.train_split, spec.eval_split)):
             if wanted not in splits:
-                raise TaskFileError(f"dataset {spec.dataset!r} has no split {wanted!r}{_did_you_mean(wanted, list(splits))}"
-                                    f"; its splits: {', '.join(splits)}")
+                raise TaskFileError(f"dataset {spec.dataset!r} has no split {wanted!r}"
+                                    f"{_did_you_mean(wanted, list(splits))}; its splits: {', '.join(splits)}")
         columns = list(splits[spec.train_split].column_names)
         needed = [spec.prompt, *filter(None, [spec.id_column])]
         needed += [fn.mrtpo_evidence.source for _, fn, _ in self.rewards
@@ -343,7 +346,8 @@ class ConfigTask:
         metrics: dict[str, Any] = {}
         for v in self._verifiers:
             metrics[f"reward/{v.name}"] = sum(v(o, ex) or 0.0 for o, ex in zip(outputs, examples)) / n
-        metrics["reward_total"] = sum(w * metrics[f"reward/{v.name}"] for v, w in zip(self._verifiers, self.reward_weights))
+        metrics["reward_total"] = sum(w * metrics[f"reward/{v.name}"]
+                                      for v, w in zip(self._verifiers, self.reward_weights))
         metrics["n"] = len(outputs)
         return metrics
 

@@ -144,8 +144,9 @@ def parse_warm_start(value: Any, task: str) -> tuple[WarmStartSettings | None, b
     """``(settings or None, explicit)`` for a ``warm_start`` config value.
 
     ``auto`` (the default): the task's default warm start (:data:`TASK_DEFAULTS`), for the default
-    model only, on which its dose was measured (``explicit`` False); ``none``/``off``/``false``: none; ``true``/``on``: the task's default
-    for any model; a mapping: the task's defaults (or the plain defaults) with these keys replaced.
+    model only, on which its dose was measured (``explicit`` False); ``none``/``off``/``false``: none;
+    ``true``/``on``: the task's default for any model; a mapping: the task's defaults (or the plain
+    defaults) with these keys replaced.
     """
     if value is None or (isinstance(value, bool) and not value):
         return None, True
@@ -175,7 +176,8 @@ def parse_warm_start(value: Any, task: str) -> tuple[WarmStartSettings | None, b
                 except ValueError:
                     raise WarmStartError(f"warm_start: {key} must be a number, got {values[key]!r}") from None
         if task not in TASK_DEFAULTS and not values.get("data"):
-            raise WarmStartError(f"warm_start: task {task!r} has no warm start data of its own; give data: <file.jsonl>")
+            raise WarmStartError(f"warm_start: task {task!r} has no warm start data of its own; "
+                                 "give data: <file.jsonl>")
         try:
             return dataclasses.replace(base, **values), True
         except TypeError as exc:
@@ -206,7 +208,8 @@ def resolve_for_run(value: Any, task: str, model: str) -> tuple[WarmStartSetting
 # Training.
 # --------------------------------------------------------------------------------------------
 def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, str]], settings: WarmStartSettings,
-            output_dir: str | os.PathLike, *, save_steps: int | None = None, log=logger.info) -> tuple[Any, dict[str, Any]]:
+            output_dir: str | os.PathLike, *, save_steps: int | None = None,
+            log=logger.info) -> tuple[Any, dict[str, Any]]:
     """LoRA SFT of ``model`` on ``rows`` with TRL's ``SFTTrainer``; returns ``(merged model, stats)``.
 
     One pair per forward, ``batch_size`` of them accumulated per optimizer step: the same update as a
@@ -227,7 +230,8 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, str]], settings: Wa
     cpu = not torch.cuda.is_available()
     config = SFTConfig(
         output_dir=str(output_dir), max_steps=settings.steps, per_device_train_batch_size=1,
-        gradient_accumulation_steps=settings.batch_size, learning_rate=settings.learning_rate, lr_scheduler_type="constant",
+        gradient_accumulation_steps=settings.batch_size, learning_rate=settings.learning_rate,
+        lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_length=settings.max_length, completion_only_loss=True,
         packing=False, logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         report_to="none", seed=settings.seed, data_seed=settings.seed, use_cpu=cpu, bf16=False if cpu else None,
@@ -388,7 +392,8 @@ def _parser():
         """The plain default of a setting and, where a task's warm start differs, that task's."""
         def show(v):
             return (" ".join(v) or "none") if isinstance(v, tuple) else v
-        tasks = [f"; {t}: {show(getattr(w, key))}" for t, w in TASK_DEFAULTS.items() if getattr(w, key) != getattr(plain, key)]
+        tasks = [f"; {t}: {show(getattr(w, key))}" for t, w in TASK_DEFAULTS.items()
+                 if getattr(w, key) != getattr(plain, key)]
         return f"(default: {show(getattr(plain, key))}{''.join(tasks)})"
 
     p.add_argument("--model", default=None, help="base model (default: qwen2.5-coder-0.5b)")

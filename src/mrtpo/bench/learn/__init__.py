@@ -22,8 +22,8 @@ greedy decoding (:func:`mrtpo.evaluate.evaluate_model`, deterministic), inside a
 evaluating does not change the training run. Every run starts from the same policy (the same
 base weights; a fresh LoRA adapter adds exactly zero), so the step-0 evaluation is made once per
 benchmark (``start_eval.json``) and copied into the other runs (``--no-share-start-eval``: every
-run evaluates step 0 itself; the tests check both give the same outputs). The benchmark folder (``--output-dir``, default
-``runs/bench/learn-<task>``) holds::
+run evaluates step 0 itself; the tests check both give the same outputs). The benchmark folder
+(``--output-dir``, default ``runs/bench/learn-<task>``) holds::
 
     bench.json                 what was asked: task, methods, seeds, layers, command, machine
     <method>-seed<s>/          one run: config.yaml, metrics.jsonl, credit_samples.jsonl, eval.jsonl,
@@ -53,13 +53,10 @@ figures and Markdown) and :mod:`.cli` (the command).
 
 Presets: ``--preset cpu`` (configs/bench-learn-cpu.yaml: qwen2.5-coder-0.5b, LoRA r=16 on bf16
 weights, 2 prompts x 4 completions of <= 64 tokens per step, 8 steps, held-out eval on 8 items
-every 4 steps). Measured on the 2-core CPU here (sql, 1 prompt x 4 completions of <= 48 tokens):
-~45 s per step and ~80 s per 8-item evaluation when the machine was quiet, 160-370 s per step
-and 135-400 s per evaluation when other jobs shared the cores. A cpu-preset step (twice the
-completions) is about twice that, so a run takes roughly 15-20 minutes on a quiet machine and an
-hour or more on a shared one; 5 methods x 3 seeds is an overnight job. ``--preset gpu`` (configs/bench-learn-gpu.yaml: full
-fine-tuning, bf16 mixed precision, 4 prompts x 8 completions of <= 256 tokens, 200 steps, eval on
-128 items every 25 steps) is sized for one GPU of 24 GB or more; it has not been timed here.
+every 4 steps); its timings on a 2-core CPU are in docs/benchmarks.md (the presets table).
+``--preset gpu`` (configs/bench-learn-gpu.yaml: full fine-tuning, bf16 mixed precision, 4 prompts x
+8 completions of <= 256 tokens, 200 steps, eval on 128 items every 25 steps) is sized for one GPU
+of 24 GB or more; it has not been timed here.
 """
 
 from __future__ import annotations

@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mrtpo.cli_help import HelpFormatter
-from mrtpo.machine import machine_info
 from mrtpo.bench.learn.compare import build_comparison
 from mrtpo.bench.learn.plan import (
     DEFAULT_SEEDS,
@@ -28,7 +26,9 @@ from mrtpo.bench.learn.plan import (
 )
 from mrtpo.bench.learn.report import fmt_mean_std
 from mrtpo.bench.learn.run import run_one
+from mrtpo.cli_help import HelpFormatter
 from mrtpo.config import TASK_NAMES
+from mrtpo.machine import machine_info
 from mrtpo.tasks import task_label, task_problem
 
 __all__ = ["main"]
@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                "output_dir, which the benchmark sets.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--task", required=True, help=f"{', '.join(TASK_NAMES)}, a plugin's (MRTPO_PLUGINS) or a task file (.yaml)")
+    p.add_argument("--task", required=True,
+                   help=f"{', '.join(TASK_NAMES)}, a plugin's (MRTPO_PLUGINS) or a task file (.yaml)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="comma-separated credit methods; LABEL=METHOD adds a variant of a method under its own "
                         "name, whose settings --method-setting LABEL:key=value gives (e.g. bounded=mrtpo)")
@@ -56,25 +57,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", action="append", default=[], metavar="YAML",
                    help="extra training config applied to every run, after the preset (repeatable)")
     p.add_argument("--max-steps", type=int, help="optimizer steps per run (default: the preset's)")
-    p.add_argument("--eval-every", type=int, help="evaluate every N steps, also at step 0 and at the end (default: the preset's)")
-    p.add_argument("--eval-size", type=int, help="first M examples of the held-out split, 0: no evaluation (default: the preset's)")
-    p.add_argument("--eval-batch-size", type=int, help="prompts per generate call in evaluation (default: the preset's)")
-    p.add_argument("--eval-max-new-tokens", type=int, help="generation cap in evaluation (default: the preset's, else the task's)")
+    p.add_argument("--eval-every", type=int,
+                   help="evaluate every N steps, also at step 0 and at the end (default: the preset's)")
+    p.add_argument("--eval-size", type=int,
+                   help="first M examples of the held-out split, 0: no evaluation (default: the preset's)")
+    p.add_argument("--eval-batch-size", type=int,
+                   help="prompts per generate call in evaluation (default: the preset's)")
+    p.add_argument("--eval-max-new-tokens", type=int,
+                   help="generation cap in evaluation (default: the preset's, else the task's)")
     p.add_argument("--target-reward", type=float, help="target for the steps-to-target table (default: the preset's)")
     p.add_argument("--target-key", help="metric the target applies to: reward (the total) or "
                                         "rewards/<name>/mean (default: the preset's, else reward)")
-    p.add_argument("--target-window", type=int, help="trailing mean over this many steps (default: the preset's, else 1)")
+    p.add_argument("--target-window", type=int,
+                   help="trailing mean over this many steps (default: the preset's, else 1)")
     p.add_argument("--no-share-start-eval", action="store_true",
                    help="evaluate step 0 in every run (default: once per benchmark, copied to the other runs, "
                         "since every run starts from the same policy)")
-    p.add_argument("--output-dir", "--out", dest="out", metavar="DIR", help="benchmark folder (default: runs/bench/learn-<task>)")
+    p.add_argument("--output-dir", "--out", dest="out", metavar="DIR",
+                   help="benchmark folder (default: runs/bench/learn-<task>)")
     p.add_argument("--method-setting", action="append", default=[], metavar="METHOD:key=value",
                    help="a setting for one method only, e.g. mrtpo:learning_rate=3e-4 (each method at its own "
                         "best learning rate); repeatable")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at once, each in its own single-thread process (1: one after "
                         "another in this process). Small models (the gym) are fastest with one process per core")
-    p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON list of [method, policy, seed]: the runs this worker trains
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON [method, policy, seed] list: the runs this worker trains
     p.add_argument("--compare-only", action="store_true", help="only rebuild the comparison from finished runs")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their status, train nothing")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="training settings for every run")
@@ -197,9 +204,9 @@ def _run_workers(argv: list[str], todo: list[tuple], jobs: int) -> None:
 
 
 def _main(ns, argv: list[str]) -> int:
+    from mrtpo.config import ConfigError, parse_overrides
     from mrtpo.credit import available_methods
     from mrtpo.models import ModelLoadError
-    from mrtpo.config import ConfigError, parse_overrides
 
     if (problem := task_problem(ns.task)) is not None:  # the live registry: plugin tasks count
         raise BenchError(problem)

@@ -182,13 +182,15 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
     method_settings = dict(method_settings or {})
     unknown = sorted(set(method_settings) - set(methods))
     if unknown:
-        raise BenchError(f"settings given for method(s) {', '.join(unknown)} that are not benchmarked ({', '.join(methods)})")
+        raise BenchError(f"settings given for method(s) {', '.join(unknown)} that are not benchmarked "
+                         f"({', '.join(methods)})")
     varying = {key for settings in method_settings.values() for key in settings}
     from mrtpo.config import ConfigError, load_config
 
     for key in CONTROLLED_KEYS:
         if key in overrides or key in varying:
-            raise BenchError(f"{key} is set by the benchmark (use --task/--methods/--seeds/--output-dir), not as {key}=...")
+            raise BenchError(f"{key} is set by the benchmark (use --task/--methods/--seeds/--output-dir), "
+                             f"not as {key}=...")
     for path in configs:
         if not Path(path).is_file():
             raise BenchError(f"config file {path} does not exist")

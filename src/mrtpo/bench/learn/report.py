@@ -133,7 +133,8 @@ def _header(result: Mapping[str, Any]) -> list[str]:
             md.append(f"- **{k}**: {'`' + h[k] + '`' if k == 'command' else h[k]}")
     policies = result.get("policies")
     over = f" × policies {', '.join(map(str, policies))}" if policies is not None else ""
-    md.append(f"- **runs**: {len(result['runs'])} finished of {len(methods) * len(result['seeds']) * len(policies or [0])} "
+    planned = len(methods) * len(result['seeds']) * len(policies or [0])
+    md.append(f"- **runs**: {len(result['runs'])} finished of {planned} "
               f"({', '.join(methods)}{over} × seeds {', '.join(map(str, result['seeds']))})")
     if result["missing"]:
         md.append("- **not finished (left out)**: " + ", ".join(
@@ -200,7 +201,8 @@ def _paired_table(result: Mapping[str, Any]) -> list[str]:
               else "")
            + (" Over policies every (policy, seed) is one pair here, as if independent: the next table's "
               "intervals account for the policy." if result.get("policies") is not None else "")), "",
-          "| method | measure | seeds | mean difference [95% CI] | t-test p | sign-flip p |", "|---|---|---:|---:|---:|---:|"]
+          "| method | measure | seeds | mean difference [95% CI] | t-test p | sign-flip p |",
+          "|---|---|---:|---:|---:|---:|"]
     for method, measures in paired["by_method"].items():
         for name, c in measures.items():
             md.append(f"| {method} | {name} | {c['n']} | {fmt_ci(c['mean_difference'], c['ci95'])} | "
@@ -234,8 +236,9 @@ def _two_level_table(result: Mapping[str, Any]) -> list[str]:
                       f"{boot} | {_p(c['p_value'])} | {_num(c['between_policy_std'])} | "
                       f"{_num(c['within_policy_std'])} | {c['positive']} of {c['n_pairs']} |")
             for policy, p in c["per_policy"].items():
-                per_policy.append(f"| {method} | {name} | {policy} | {p['n']} | {fmt_ci(p['mean_difference'], p['ci95'])} | "
-                                  f"{_p(p['p_value'])} | {_p(p['p_sign_flip'])} |")
+                per_policy.append(f"| {method} | {name} | {policy} | {p['n']} | "
+                                  f"{fmt_ci(p['mean_difference'], p['ci95'])} | {_p(p['p_value'])} | "
+                                  f"{_p(p['p_sign_flip'])} |")
     return md + per_policy
 
 
@@ -272,7 +275,8 @@ def _shared_table(result: Mapping[str, Any]) -> list[str]:
            "rewards: a share near 1 means this comparison had little room to separate the methods."),
           "", "| method | shared | per seed: share (first step with a different completion) |", "|---|---:|---|"]
     for m, sh in shared.items():
-        per = ", ".join(f"{seed}: {v['share']:.2f} ({'none' if v['first_different_step'] is None else v['first_different_step']})"
+        per = ", ".join(f"{seed}: {v['share']:.2f} "
+                        f"({'none' if v['first_different_step'] is None else v['first_different_step']})"
                         for seed, v in sh["per_seed"].items())
         md.append(f"| {m} | {fmt_mean_std(sh['share'], '{:.2f}')} | {per} |")
     return md

@@ -172,7 +172,8 @@ def _looks_like_run_folder(folder: Path) -> bool:
     return not names or bool(names & {"config.yaml", "metrics.jsonl", "eval.jsonl", "prompts.jsonl"})
 
 
-def run_one(config, eval_settings: dict[str, Any], log=logger.info, start_eval: str = "start_eval.json") -> dict[str, Any]:
+def run_one(config, eval_settings: dict[str, Any], log=logger.info,
+            start_eval: str = "start_eval.json") -> dict[str, Any]:
     """Train one planned (method, policy, seed) run with held-out evaluation; write ``finished.json``.
 
     ``config`` is a :class:`~mrtpo.config.RunConfig` whose ``output_dir`` is the run folder (an
@@ -189,7 +190,8 @@ def run_one(config, eval_settings: dict[str, Any], log=logger.info, start_eval: 
     folder = Path(config.args.output_dir)
     if folder.exists():
         if not _looks_like_run_folder(folder):
-            raise BenchError(f"{folder} exists and is not a run folder of this benchmark; move it or choose another --output-dir")
+            raise BenchError(f"{folder} exists and is not a run folder of this benchmark; "
+                             "move it or choose another --output-dir")
         log(f"  {folder.name}: unfinished run found, starting it again from scratch")
         shutil.rmtree(folder)
     folder.mkdir(parents=True)

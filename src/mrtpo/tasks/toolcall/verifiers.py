@@ -28,8 +28,9 @@
     No call expected (BFCL irrelevance rows): as ToolRL defines it, 0 whatever the completion
     (ToolRL's reward returns 0 for rows whose answer holds no ``<tool_call>``; whether the model
     refrained is the ``format`` reward's business there). ``call_when_none_expected`` (default 0)
-    sets the score of a completion that does call on such a row, for those who want it penalised. Reference values: gold ``get_weather(city=Paris, unit=C)``: exact 3.0,
-    ``unit=F`` 1.5, ``unit`` missing 0.75, wrong function name −3.0.
+    sets the score of a completion that does call on such a row, for those who want it penalised.
+    Reference values: gold ``get_weather(city=Paris, unit=C)``: exact 3.0, ``unit=F`` 1.5, ``unit``
+    missing 0.75, wrong function name −3.0.
     Evidence: the gold call(s) as JSON (privileged): one correct answer in the instructed format
     (first acceptable value of each parameter) and, when some parameter has several acceptable
     values, BFCL's full acceptable sets on a second line.
