@@ -139,9 +139,11 @@ def main() -> int:
     parser.add_argument("--method", default="mrtpo")
     parser.add_argument("--max-steps", type=int, default=2)
     parser.add_argument("--expect-processes", type=int, default=2)
-    parser.add_argument("--missing-evidence-in", default=None, help="example id whose evidence span is not in its prompt")
+    parser.add_argument("--missing-evidence-in", default=None,
+                        help="example id whose evidence span is not in its prompt")
     parser.add_argument("--simulate-sharded", action="store_true",
-                        help="make every replay forward a collective (as under ZeRO-3 / FSDP) and check the calls pair up")
+                        help="make every replay forward a collective (as under ZeRO-3 / FSDP) "
+                             "and check the calls pair up")
     parser.add_argument("--groups-per-pass", type=int, default=1, help="replay_groups_per_pass (0: all groups)")
     parser.add_argument("--gym", action="store_true", help="train the gym policy on gym-constraints (gym_overrides)")
     args = parser.parse_args()
@@ -197,7 +199,8 @@ def main() -> int:
                 every = [torch.zeros_like(mine) for _ in range(acc.num_processes)]
                 dist.all_gather(every, mine, group=sharded_group)  # times out if the other rank never comes
                 assert all(torch.equal(e, mine) for e in every), (
-                    f"rank {acc.process_index}: replay call (step, index) {mine.tolist()} met {[e.tolist() for e in every]}")
+                    f"rank {acc.process_index}: replay call (step, index) {mine.tolist()} "
+                    f"met {[e.tolist() for e in every]}")
 
     trainer.model.register_forward_pre_hook(count_call, with_kwargs=True)
 
@@ -269,7 +272,8 @@ def main() -> int:
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
     unwrapped = acc.unwrap_model(trainer.model)
-    torch.save({k: v.detach().cpu().clone() for k, v in unwrapped.state_dict().items()}, out_dir / f"rank{rank}_params.pt")
+    torch.save({k: v.detach().cpu().clone() for k, v in unwrapped.state_dict().items()},
+               out_dir / f"rank{rank}_params.pt")
     torch.save(updates, out_dir / f"rank{rank}_updates.pt")
     acc.wait_for_everyone()
     print(f"rank {rank}: done, {sum(map(len, calls))} replay calls over {len(calls)} generation steps", flush=True)

@@ -1,5 +1,6 @@
 """``mrtpo bench learn``: completion digests, the held-out evaluation callback, and a real 2 methods
-x 2 seeds x 2 steps benchmark on the sql task with a tiny random model (same prompts per seed across methods, comparison files, resume).
+x 2 seeds x 2 steps benchmark on the sql task with a tiny random model (same prompts per seed across
+methods, comparison files, resume).
 
 The tiny model never writes valid SQL, so a test-only reward that differs between almost any two
 completions is added to the task's three: then groups have a spread, the updates are real and

@@ -89,7 +89,8 @@ def test_policies_give_one_run_per_method_policy_and_seed(tmp_path):
     assert [k for k in a if a[k] != b[k]] == ["task_args"]  # method/seed/folder are not in stable settings
     # without --policies: today's keys, folders and task_args
     plain = plan_configs("gym-call", ["gdpo"], [0], {"model": "gym"}, "preset", [], overrides, tmp_path)
-    assert list(plain) == [("gdpo", None, 0)] and plain[("gdpo", None, 0)].args.output_dir == str(tmp_path / "gdpo-seed0")
+    assert list(plain) == [("gdpo", None, 0)]
+    assert plain[("gdpo", None, 0)].args.output_dir == str(tmp_path / "gdpo-seed0")
     assert plain[("gdpo", None, 0)].run.task_args == overrides["task_args"]
 
 

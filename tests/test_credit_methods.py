@@ -79,7 +79,8 @@ def test_reward_lam_gives_each_reward_its_own_interpolation():
     # One completion of 4 tokens (3 valid), relevance 1, 2, 3 for both rewards (mean 2).
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     relevance = torch.tensor([[1.0, 2.0, 3.0, 9.0]]).unsqueeze(1).expand(1, 2, 4).clone()
-    batch = CreditBatch(rewards=torch.zeros(1, 2), group_size=1, mask=mask, relevance=relevance, has_evidence=[True, True])
+    batch = CreditBatch(rewards=torch.zeros(1, 2), group_size=1, mask=mask, relevance=relevance,
+                        has_evidence=[True, True])
     weights = credit_weights(batch, CreditConfig(reward_lam=[0.0, 0.5]), "per_reward")
     # reward 0, lam 0: uniform; reward 1, lam 0.5: 0.5 + 0.5 * r / 2 = 0.75, 1.0, 1.25 (mean 1); padding 0
     torch.testing.assert_close(weights[0, 0], torch.tensor([1.0, 1.0, 1.0, 0.0]))

@@ -54,7 +54,8 @@ def test_weights_average_one_and_respect_cap(p, lam, w_max):
     batch, _ = random_batch(p)
     w = relevance_weights(batch.relevance[:, 0], batch.mask, lam=lam, w_max=w_max)
     rows = batch.mask.sum(1) > 0
-    torch.testing.assert_close((w * batch.mask).sum(1)[rows] / batch.mask.sum(1)[rows], torch.ones(int(rows.sum())), atol=1e-5, rtol=0)
+    torch.testing.assert_close((w * batch.mask).sum(1)[rows] / batch.mask.sum(1)[rows], torch.ones(int(rows.sum())),
+                               atol=1e-5, rtol=0)
     assert (w >= 0).all()
     if w_max is not None:
         assert (w <= w_max + 1e-5).all()

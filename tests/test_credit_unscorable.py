@@ -25,7 +25,8 @@ from mrtpo.credit import (
 NAN = float("nan")
 
 
-def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, aggregation: str, weights=None) -> torch.Tensor:
+def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, aggregation: str,
+                   weights=None) -> torch.Tensor:
     """TRL 1.16's advantages ``(N,)`` (``scale_rewards="group"``), line for line."""
     k = rewards_per_func.shape[1]
     reward_weights = torch.ones(k) if weights is None else torch.tensor(weights)

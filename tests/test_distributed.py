@@ -227,8 +227,8 @@ def test_relevance_matches_a_one_process_replay_of_the_global_batch(tmp_path, ru
     model.train()  # the trainer replays in training mode
     step0 = ranks[0]["steps"][0]
     coefficients = reward_coefficients(_rewards(step0), step0["group_size"], step0["credit_config"]["reward_weights"])
-    maps = trainer._replay(g["inputs"], {k: g[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")},
-                           coefficients)
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    maps = trainer._replay(g["inputs"], {k: g[k] for k in keys}, coefficients)
     torch.testing.assert_close(maps["relevance"], g["relevance"], atol=1e-5, rtol=1e-4)
     assert torch.equal(maps["has_evidence"], g["has_evidence"])
     batch = CreditBatch(rewards=_rewards(step0), group_size=step0["group_size"], mask=g["credit_mask"],
@@ -314,7 +314,8 @@ def test_evidence_error_on_one_rank_stops_the_whole_run(tmp_path):
     proc = launch(tmp_path, "--missing-evidence-in", "p2", "--max-steps", "1", timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, _tails(proc.stdout, proc.stderr)
-    assert "EvidenceNotFoundError" in output and "'keyword_rule' for example 'p2'" in output, _tails(proc.stdout, proc.stderr)
+    assert "EvidenceNotFoundError" in output and "'keyword_rule' for example 'p2'" in output, _tails(proc.stdout,
+                                                                                                    proc.stderr)
 
 
 class _TwoProcesses:
@@ -344,7 +345,8 @@ def _micro_batch(zero: list[bool]) -> dict:
     from mrtpo.trainer import ZERO_ADVANTAGE_KEY
 
     b = len(zero)
-    return {"completion_ids": torch.arange(b).view(b, 1), "advantages": torch.tensor([[0.0 if z else 1.0] for z in zero]),
+    return {"completion_ids": torch.arange(b).view(b, 1),
+            "advantages": torch.tensor([[0.0 if z else 1.0] for z in zero]),
             ZERO_ADVANTAGE_KEY: torch.tensor(zero), "num_items_in_batch": torch.tensor(7)}
 
 
@@ -465,11 +467,13 @@ def test_gym_update_gradient_equals_one_process_on_the_global_batch(tmp_path, gy
                 p.copy_(u0[name][0])
         pair = [r0["micro_batches"][step - 1], r1["micro_batches"][step - 1]]
         trainer.model.zero_grad()
-        trainer._compute_loss(trainer.model, _global_micro_batch(pair, trainer.processing_class.pad_token_id)).backward()
+        micro_batch = _global_micro_batch(pair, trainer.processing_class.pad_token_id)
+        trainer._compute_loss(trainer.model, micro_batch).backward()
         norm = torch.cat([u0[name][1].flatten() for name in params]).norm()
         assert norm > 1e-3, f"step {step}: no gradient to compare"
         for name, p in params.items():
-            torch.testing.assert_close(p.grad, u0[name][1], atol=1e-6, rtol=1e-4, msg=lambda m, s=step, n=name: f"step {s}, {n}: {m}")
+            torch.testing.assert_close(p.grad, u0[name][1], atol=1e-6, rtol=1e-4,
+                                       msg=lambda m, s=step, n=name: f"step {s}, {n}: {m}")
     for name in r0["params"]:
         assert torch.equal(r0["params"][name], r1["params"][name]), f"parameter {name} differs between ranks"
 

@@ -232,7 +232,8 @@ def test_load_saved_dir_and_peft_adapter(tmp_path, tiny, saved_tiny):
 # Result files and the command line.
 # ---------------------------------------------------------------------------------------------
 def _cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "mrtpo.cli", "eval", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run([sys.executable, "-m", "mrtpo.cli", "eval", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def test_cli_end_to_end(tmp_path, saved_tiny, sql_task):
@@ -289,7 +290,8 @@ def test_markdown_tables_per_category():
         (["--task", "sql", "--split", "test"], ["no split 'test'", "train", "eval", "--split"]),
         (["--task", "instructions", "--split", "ifbench"], ["eval_ifeval", "eval_ifbench"]),
         (["--task", "sql", "--model", "./no/such/dir", "--limit", "1"], ["no such file or directory", "./no/such/dir"]),
-        (["--task", "sql", "--model", "nosuchpreset", "--limit", "1"], ["unknown model 'nosuchpreset'", "qwen2.5-coder-0.5b"]),
+        (["--task", "sql", "--model", "nosuchpreset", "--limit", "1"],
+         ["unknown model 'nosuchpreset'", "qwen2.5-coder-0.5b"]),
         (["--task", "sql", "--limit", "0"], ["--limit must be >= 1"]),
     ],
 )
@@ -343,4 +345,5 @@ def test_default_model_on_four_sql_questions(tmp_path):
     assert metrics["n"] == 4
     assert gen["truncated"] == 0  # every answer ended with <|im_end|> within 256 tokens
     assert metrics["format_rate"] == 1.0
-    assert metrics["execution_accuracy"] >= 0.5  # the original spec (../shared/design/SPEC.md §3): this model gets 7/8 on a sanity set
+    # the original spec (../shared/design/SPEC.md §3): this model gets 7/8 on a sanity set
+    assert metrics["execution_accuracy"] >= 0.5

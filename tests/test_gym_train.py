@@ -34,7 +34,8 @@ def _mrtpo(args, env, cwd):
 
 
 def test_rank_correlation_and_precision_by_hand():
-    assert rank_correlation(torch.tensor([3.0, 1, 1, 1]), torch.tensor([True, False, False, False])) == pytest.approx(1.0)
+    truth = torch.tensor([True, False, False, False])
+    assert rank_correlation(torch.tensor([3.0, 1, 1, 1]), truth) == pytest.approx(1.0)
     # ranks (1, 2, 3, 4) against (2, 2, 2, 4): 3 / sqrt(5 * 3)
     assert rank_correlation(torch.tensor([1.0, 2, 3, 4]), torch.tensor([False, False, False, True])) == \
         pytest.approx(3 / 15 ** 0.5)
@@ -125,14 +126,15 @@ def test_a_plugin_method_runs_on_the_gym_preset_in_two_workers(gym_env, tmp_path
     # computed from the unfinished runs skipped a run when the other worker had already finished)
     shutil.rmtree(out / "firsthalf-seed0")
     gdpo_finished = (out / "gdpo-seed0" / "finished.json").read_text()
-    worker = _mrtpo(["bench", "learn", "--task", "gym-call", "--preset", "gym", "--methods", "gdpo,firsthalf", "--seeds",
-                     "0", "--max-steps", "2", "--eval-every", "2", "--eval-size", "4", "--out", str(out),
+    worker = _mrtpo(["bench", "learn", "--task", "gym-call", "--preset", "gym", "--methods", "gdpo,firsthalf",
+                     "--seeds", "0", "--max-steps", "2", "--eval-every", "2", "--eval-size", "4", "--out", str(out),
                      f"task_args={TINY}", "per_device_train_batch_size=8", "--worker", '[["firsthalf", null, 0]]'],
                     env, tmp_path)
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert (out / "firsthalf-seed0" / "finished.json").is_file()
     assert (out / "gdpo-seed0" / "finished.json").read_text() == gdpo_finished
-    bad = _mrtpo(["bench", "learn", "--task", "gym-call", "--dry-run"], {**env, "MRTPO_PLUGINS": "no_such_module"}, tmp_path)
+    bad = _mrtpo(["bench", "learn", "--task", "gym-call", "--dry-run"], {**env, "MRTPO_PLUGINS": "no_such_module"},
+                 tmp_path)
     assert bad.returncode != 0 and "MRTPO_PLUGINS names 'no_such_module'" in bad.stderr
 
 
@@ -188,4 +190,5 @@ def test_gym_compare_gpu_path_dry_run_on_the_cpu(gym_env, tmp_path):
     assert (main / "bench.json").is_file()
     for method in ("gdpo", "mrtpo"):
         config = (main / f"{method}-seed0" / "config.yaml").read_text()
-        assert "use_cpu: false" in config and json.loads((main / f"{method}-seed0" / "finished.json").read_text())["steps"] == 2
+        assert "use_cpu: false" in config
+        assert json.loads((main / f"{method}-seed0" / "finished.json").read_text())["steps"] == 2

@@ -216,7 +216,8 @@ def test_trust_remote_code_reaches_from_pretrained(tmp_path):
         "class Q7ForCausalLM(Qwen2ForCausalLM):\n    config_class = Q7Config\n")
     config = json.loads((folder / "config.json").read_text())
     config.update(model_type="q7-remote", architectures=["Q7ForCausalLM"],
-                  auto_map={"AutoConfig": "configuration_q7.Q7Config", "AutoModelForCausalLM": "modeling_q7.Q7ForCausalLM"})
+                  auto_map={"AutoConfig": "configuration_q7.Q7Config",
+                            "AutoModelForCausalLM": "modeling_q7.Q7ForCausalLM"})
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises((ValueError, OSError)):
         load_with_init(folder, parse_model_init(str(folder), {}))
@@ -254,8 +255,8 @@ def test_train_cli_one_step_with_model_init_kwargs(tiny_folder, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MRTPO_CACHE": str(tmp_path / "cache")}
     base = [sys.executable, "-m", "mrtpo.cli", "train", "--task", "gym-constraints", "--model", str(tiny_folder),
-            "--output-dir", str(out), "--overwrite", "max_steps=1", "num_generations=2", "per_device_train_batch_size=2",
-            "max_completion_length=8", "report=false", "save_strategy=no"]
+            "--output-dir", str(out), "--overwrite", "max_steps=1", "num_generations=2",
+            "per_device_train_batch_size=2", "max_completion_length=8", "report=false", "save_strategy=no"]
     done = subprocess.run([*base, "model_init_kwargs={attn_implementation: eager, dtype: float32}"], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

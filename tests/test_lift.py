@@ -1,4 +1,5 @@
-"""The credit lift (docs/design.md#measurement): the pure function, the checked spans of each task, and the benchmark."""
+"""The credit lift (docs/design.md#measurement): the pure function, the checked spans of each task, and the
+benchmark."""
 
 import json
 import subprocess
@@ -25,7 +26,8 @@ def test_uniform_weights_have_lift_one():
 
 def test_lift_hand_computed():
     # weight 3 of 6 on the one span token of 4: share 0.5 over a token share 0.25 = 2
-    assert span_lift(torch.tensor([3.0, 1, 1, 1]), torch.tensor([1, 0, 0, 0]).bool(), torch.ones(4)) == pytest.approx(2.0)
+    in_span = torch.tensor([1, 0, 0, 0]).bool()
+    assert span_lift(torch.tensor([3.0, 1, 1, 1]), in_span, torch.ones(4)) == pytest.approx(2.0)
     # all weight off the span: lift 0; weight on a padded position does not count
     w = torch.tensor([0.0, 2, 2, 100])
     assert span_lift(w, torch.tensor([1, 0, 0, 1]).bool(), torch.tensor([1, 1, 1, 0.0])) == pytest.approx(0.0)
@@ -72,13 +74,16 @@ def test_end_phrase_span_is_what_the_checker_compares(text):
 
 def test_keyword_forbidden_postscript_and_title_spans():
     text = "<<A Day>>\nThe Park opens. We love the park!\n\nP.S. bring water\nbye"
-    assert [text[a:b] for a, b in constraint_span(_constraint("keywords:existence", keywords=["park"]), text)] == ["Park", "park"]
-    assert [text[a:b] for a, b in constraint_span(_constraint("keywords:frequency", keyword="love", frequency=2,
-                                                                          relation="at least"), text)] == ["love"]
-    assert [text[a:b] for a, b in constraint_span(_constraint("keywords:forbidden_words", forbidden_words=["opens"]), text)] == ["opens"]
+
+    def shown(kind, **args):
+        return [text[a:b] for a, b in constraint_span(_constraint(kind, **args), text)]
+
+    assert shown("keywords:existence", keywords=["park"]) == ["Park", "park"]
+    assert shown("keywords:frequency", keyword="love", frequency=2, relation="at least") == ["love"]
+    assert shown("keywords:forbidden_words", forbidden_words=["opens"]) == ["opens"]
     assert constraint_span(_constraint("keywords:forbidden_words", forbidden_words=["rain"]), text) is None
-    assert [text[a:b] for a, b in constraint_span(_constraint("detectable_content:postscript", postscript_marker="P.S."), text)] == ["P.S. bring water"]
-    assert [text[a:b] for a, b in constraint_span(_constraint("detectable_format:title"), text)] == ["<<A Day>>"]
+    assert shown("detectable_content:postscript", postscript_marker="P.S.") == ["P.S. bring water"]
+    assert shown("detectable_format:title") == ["<<A Day>>"]
     assert constraint_span(_constraint("change_case:english_lowercase"), text) is None  # whole-response property
 
 
@@ -100,14 +105,16 @@ def _toolcall_example():
 
 def test_toolcall_wrong_argument_value_span():
     text = 'Here: {"name": "get_weather", "arguments": {"city": "paris", "unit": "F", "extra": 1}}'
-    spans = dict((kind, [text[a:b] for a, b in s]) for _, kind, s in toolcall_spans(_toolcall_example(), text, ["format", "correctness"]))
+    spans = dict((kind, [text[a:b] for a, b in s])
+                 for _, kind, s in toolcall_spans(_toolcall_example(), text, ["format", "correctness"]))
     assert spans == {"argument value": ['"paris"', '"F"'], "wrong argument value": ['"F"']}  # BFCL case-folds strings
     assert toolcall_spans(_toolcall_example(), "no call at all", ["format", "correctness"]) == []
 
 
 def test_sql_spans():
     text = "The answer:\n```sql\nSELECT count(*) FROM pets\n```\nDone."
-    spans = {(name, kind): [text[a:b] for a, b in s] for name, kind, s in sql_spans(None, text, ["format", "executes", "result"])}
+    spans = {(name, kind): [text[a:b] for a, b in s]
+             for name, kind, s in sql_spans(None, text, ["format", "executes", "result"])}
     assert spans[("format", "code fence")] == ["```sql", "```"]
     assert spans[("executes", "SQL query")] == spans[("result", "SQL query")] == ["SELECT count(*) FROM pets"]
 

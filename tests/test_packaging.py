@@ -133,8 +133,8 @@ def test_the_wheel_installs_with_an_extra_into_a_fresh_venv_offline(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    venv_site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                             text=True).strip())
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    venv_site = Path(subprocess.check_output([str(python), "-c", purelib], text=True).strip())
     (venv_site / "zz_base.pth").write_text(f"{base}\n")
     before = subprocess.run([str(python), "-c", "import nltk"], capture_output=True, text=True)
     assert before.returncode != 0  # the extra's packages are really missing before the install

@@ -68,7 +68,8 @@ def test_packed_logps_entropies_and_gradient_equal_trl_forward(lora):
     _, _, grads = run(lambda: packed_logps(model, *batch, compute_entropy=True))
     assert grads.keys() == ref_grads.keys() and len(grads) > 0
     for name in ref_grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], atol=5e-5, rtol=2e-4, msg=name)  # summed in another order
+        # summed in another order
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=5e-5, rtol=2e-4, msg=name)
 
 
 def _groups(seed=0):

@@ -122,7 +122,8 @@ BAD_INPUTS = [
     ([], ["task_args={train_size: 0, policy: {steps: 3}}"], "task 'gym-constraints' has no train examples"),
     ([], ["task_args={p_follow: 2}"], "do not fit task 'gym-constraints': p_follow must be in [0, 1], got 2"),
     ([], ["task_args={policy: {stepz: 3}}"], "does not fit the gym policy"),
-    ([], [], "already holds a run (README.md, checkpoint-1, checkpoint-2, checkpoint-3, ...): continue it with --resume"),
+    ([], [], "already holds a run (README.md, checkpoint-1, checkpoint-2, checkpoint-3, ...): "
+             "continue it with --resume"),
     (["--resume", "--overwrite"], [], "--overwrite starts a new run; it cannot be combined with --resume"),
     (["--resume"], ["learning_rate=0"], "learning_rate must be > 0, got 0"),
     (["--resume"], ["temperature=0"], "temperature must be > 0, got 0"),
@@ -283,7 +284,8 @@ def _assert_same_as_finished(run, finished):
     """The resumed run equals the uninterrupted one: every metric, credit sample and weight."""
     assert records(run / "metrics.jsonl")[:3] == records(finished / "metrics.jsonl")[:3]
     assert (run / "credit_samples.jsonl").read_text() == (finished / "credit_samples.jsonl").read_text()
-    a, b = load_file(run / "checkpoint-3" / "model.safetensors"), load_file(finished / "checkpoint-3" / "model.safetensors")
+    a = load_file(run / "checkpoint-3" / "model.safetensors")
+    b = load_file(finished / "checkpoint-3" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -218,7 +218,8 @@ def test_grouped_replay_through_a_lora_model_matches_plain_forwards():
                 expected = completion_logits(peft_model, torch.tensor(ctx), torch.tensor(enc(text)))
                 torch.testing.assert_close(got[c][g, : len(enc(text))], expected, atol=2e-5, rtol=1e-4)
                 # the adapter is live: the base model alone predicts differently
-                assert (expected - completion_logits(plain_base, torch.tensor(ctx), torch.tensor(enc(text)))).abs().max() > 1e-2
+                base_only = completion_logits(plain_base, torch.tensor(ctx), torch.tensor(enc(text)))
+                assert (expected - base_only).abs().max() > 1e-2
     maps = group_relevance(peft_model, contexts, ["in_prompt"], padded, lengths).maps
     for g, text in enumerate(texts):
         n = len(enc(text))
@@ -284,12 +285,13 @@ def test_replay_masks_the_trunk_after_each_departure(policy, texts):
 
     model, tok = policy
     contexts = [tok(x, add_special_tokens=False)["input_ids"] for x in texts]
-    completions = [tok(" Because it rains.", add_special_tokens=False)["input_ids"], tok(" No.", add_special_tokens=False)["input_ids"]]
+    completions = [tok(text, add_special_tokens=False)["input_ids"] for text in (" Because it rains.", " No.")]
     padded = torch.full((2, max(map(len, completions))), tok.pad_token_id)
     for i, comp in enumerate(completions):
         padded[i, : len(comp)] = torch.tensor(comp)
     widths = []
-    hook = model.register_forward_pre_hook(lambda _m, args, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True)
+    hook = model.register_forward_pre_hook(lambda _m, args, kwargs: widths.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
     try:
         got = dict(group_context_logits(model, contexts, padded, ForwardCounter()))
     finally:
@@ -335,13 +337,15 @@ def replay_groups(tok):
             out[i, : len(x)] = torch.tensor(x)
         return out, torch.tensor([len(x) for x in ids])
 
-    first = ReplayGroup([enc("Rules: be brief. Q: why?"), enc("Rules: Q: why?"), enc("Rules: be brief. Q: why? Ref: 42")],
+    first = ReplayGroup([enc("Rules: be brief. Q: why?"), enc("Rules: Q: why?"),
+                         enc("Rules: be brief. Q: why? Ref: 42")],
                         ["in_prompt", "privileged"], *padded([" Because it rains.", " No.", " Maybe so, later."]))
     second = ReplayGroup([enc("A much longer prompt with several rules. Be kind. Answer in French. Q: who?"),
                           enc("A much longer prompt with several rules. Answer in French. Q: who?"),
                           enc("A much longer prompt with several rules. Be kind. Answer in French. Q: who?")],
                          ["in_prompt", "in_prompt"], *padded([" Nobody at all, I think.", " Oui."]))
-    third = ReplayGroup([enc("Q")[:1], enc("Q: hi")], ["privileged"], *padded([" Hello there friend, it has been long."]))
+    third = ReplayGroup([enc("Q")[:1], enc("Q: hi")], ["privileged"],
+                        *padded([" Hello there friend, it has been long."]))
     return [first, second, third]
 
 

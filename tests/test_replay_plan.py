@@ -223,7 +223,8 @@ def builder_calls(path: Path, names: set[str]) -> list[str]:
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        called = aliases.get(func.id, func.id) if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        called = (aliases.get(func.id, func.id) if isinstance(func, ast.Name)
+                  else func.attr if isinstance(func, ast.Attribute) else None)
         if called in names:
             calls.append(f"{path.name}:{node.lineno} {called}")
     return calls
@@ -241,8 +242,10 @@ def test_no_second_context_builder():
 def test_the_guard_sees_aliases_and_attributes(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("from mrtpo.counterfactual import counterfactual_text as cf\nimport mrtpo.counterfactual as c\n\n"
-                     "def f(p):\n    cf(p, [], str)\n    c.counterfactual_prompt(p, [], str)\n    counterfactual_text(p)\n")
-    assert builder_calls(probe, CONTEXT_BUILDERS) == ["probe.py:5 counterfactual_text", "probe.py:6 counterfactual_prompt",
+                     "def f(p):\n    cf(p, [], str)\n    c.counterfactual_prompt(p, [], str)\n"
+                     "    counterfactual_text(p)\n")
+    assert builder_calls(probe, CONTEXT_BUILDERS) == ["probe.py:5 counterfactual_text",
+                                                      "probe.py:6 counterfactual_prompt",
                                                       "probe.py:7 counterfactual_text"]
 
 

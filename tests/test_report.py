@@ -36,7 +36,8 @@ def run_dir(tmp_path):
              {"step": 3, "train_runtime": 20.0, "train_loss": 0.0}]  # end-of-training summary
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     samples = [
-        sample(0, "spider-dev-0", ["```", "sql", "\n"], [0.5, 2.0, 0.5], [1.0, 1.0, 1.0], {"format": 1.0, "result": 0.0}),
+        sample(0, "spider-dev-0", ["```", "sql", "\n"], [0.5, 2.0, 0.5], [1.0, 1.0, 1.0],
+               {"format": 1.0, "result": 0.0}),
         sample(0, "spider-dev-1", ["SEL", "ECT"], [1.0, 1.0], [1.5, 0.5], {"format": 0.0, "result": None}),
         sample(0, "spider-dev-2", ["x"], [1.0], [1.0], {"format": 0.0, "result": 0.0}),
         sample(1, "spider-dev-3", ["mid"], [1.0], [1.0], {"format": 0.0, "result": 0.0}),

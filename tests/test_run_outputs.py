@@ -93,7 +93,8 @@ def test_held_out_rows_and_series():
     rows = {r["name"]: r for r in eval_rows(records)}
     assert list(rows)[:2] == ["eval_reward", "eval_rewards/a/mean"]
     assert "eval_runtime" not in rows and "eval_rewards/a/std" not in rows
-    assert (rows["eval_reward"]["first"], rows["eval_reward"]["last"], rows["eval_reward"]["last_step"]) == (0.2, 0.6, 3)
+    reward = rows["eval_reward"]
+    assert (reward["first"], reward["last"], reward["last_step"]) == (0.2, 0.6, 3)
     assert eval_series(records, "eval_rewards/a/mean") == ([1, 3], [0.1, 0.4])
 
 
@@ -153,5 +154,6 @@ def test_base_model_names():
 def test_an_adapter_naming_a_presets_hub_id_loads_on_the_preset(tmp_path):
     from mrtpo.evaluate.load import _base_from_adapter
 
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}))
+    adapter = {"base_model_name_or_path": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(adapter))
     assert _base_from_adapter(tmp_path, None) == "qwen2.5-coder-0.5b"

@@ -104,7 +104,8 @@ def test_chat_prompts_and_saved_dataset_folders(tmp_path):
 
     rows = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Say {i}."}],
              "rule": "Be brief.", "uid": f"u{i}"} for i in range(6)]
-    DatasetDict({"train": Dataset.from_list(rows[:4]), "test": Dataset.from_list(rows[4:])}).save_to_disk(tmp_path / "saved")
+    saved = DatasetDict({"train": Dataset.from_list(rows[:4]), "test": Dataset.from_list(rows[4:])})
+    saved.save_to_disk(tmp_path / "saved")
     path = _write_task(tmp_path / "chat", """\
         dataset: ../saved
         prompt: messages
@@ -113,7 +114,8 @@ def test_chat_prompts_and_saved_dataset_folders(tmp_path):
         rewards: [rewards.py:no_commas, rewards.py:seen]
         """)
     task = load_task_file(path)
-    assert [e.id for e in task.load("train")] == ["u0", "u1", "u2", "u3"] and [e.id for e in task.load("eval")] == ["u4", "u5"]
+    assert [e.id for e in task.load("train")] == ["u0", "u1", "u2", "u3"]
+    assert [e.id for e in task.load("eval")] == ["u4", "u5"]
     ex = task.load("eval")[0]
     assert ex.messages == rows[4]["messages"]
     seen = task.verifiers()[1]

@@ -1,5 +1,6 @@
-"""The ``format`` and ``correctness`` rewards: the original spec's numbers (../shared/design/SPEC.md §2), hand-computed ToolRL scores,
-BFCL value semantics, evidence, and agreement with BFCL's checker on the real eval files."""
+"""The ``format`` and ``correctness`` rewards: the original spec's numbers (../shared/design/SPEC.md §2),
+hand-computed ToolRL scores, BFCL value semantics, evidence, and agreement with BFCL's checker on the real eval
+files."""
 
 from __future__ import annotations
 

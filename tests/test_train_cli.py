@@ -89,7 +89,8 @@ def test_train_command_writes_the_run_folder(cli_run):
         assert f"step {step}/2 | reward" in proc.stdout + proc.stderr
     assert "format" in proc.stdout + proc.stderr and "report:" in proc.stdout
     # What it chose for this CPU, and why: full fine-tuning keeps float32 weights on any CPU.
-    assert re.search(r"^CPU with(out AVX512-BF16/AMX| [A-Z0-9_/]+): float32 weights \(full fine-tuning", proc.stdout, re.M)
+    assert re.search(r"^CPU with(out AVX512-BF16/AMX| [A-Z0-9_/]+): float32 weights \(full fine-tuning", proc.stdout,
+                     re.M)
 
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "loss" in r]

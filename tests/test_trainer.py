@@ -151,7 +151,8 @@ def test_config_validation_messages(tmp_path):
         config(tmp_path, lam=2.0)
     with pytest.raises(ValueError, match="needs rewards with evidence"):
         make_trainer(tmp_path, [plain_length])
-    with pytest.raises(ValueError, match=r"reward_lam has 1 entries for 2 reward functions \(has_letter_e, char_code\)"):
+    with pytest.raises(ValueError,
+                       match=r"reward_lam has 1 entries for 2 reward functions \(has_letter_e, char_code\)"):
         make_trainer(tmp_path, [has_letter_e, char_code], reward_lam=[0.5])
     with pytest.raises(ValueError, match="multi_objective_aggregation='sum_then_normalize' contradicts method='mrtpo'"):
         config(tmp_path, multi_objective_aggregation="sum_then_normalize")
@@ -171,8 +172,9 @@ def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch, gr
     from mrtpo.replay import replay_completion
     from mrtpo.verifiers import Example
 
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], max_steps=1, per_device_train_batch_size=8,
-                           replay_micro_batch=micro_batch, replay_groups_per_pass=groups_per_pass, credit_samples=4)
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], max_steps=1,
+                           per_device_train_batch_size=8, replay_micro_batch=micro_batch,
+                           replay_groups_per_pass=groups_per_pass, credit_samples=4)
     seen = record_batches(trainer)
     trainer.train()
     # 4 groups of 2 completions; has_letter_e has no spread (never replayed), char_code has in most groups:
@@ -215,7 +217,8 @@ def test_replay_host_syncs_do_not_grow_with_the_groups(tmp_path, groups_per_pass
         def counted(*args, _original=original, _seen=seen, _trainer=trainer, **kwargs):
             with HostTraffic(_trainer.model) as traffic:
                 result = _original(*args, **kwargs)
-            _seen.append((traffic.syncs, _trainer.replay_forward_calls, _trainer._replay_counts["completions_replayed"]))
+            _seen.append((traffic.syncs, _trainer.replay_forward_calls,
+                          _trainer._replay_counts["completions_replayed"]))
             return result
 
         trainer._replay = counted

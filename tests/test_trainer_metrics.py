@@ -57,7 +57,8 @@ def test_concentration_and_decile_metrics_by_hand():
     relevance = torch.zeros(2, 1, 10)
     relevance[0, 0, 3] = 0.5           # the last of 4 tokens: position decile 3 * 10 // 4 = 7
     relevance[1, 0, :10] = 0.2         # one token in each tenth
-    sums = credit_metric_sums(weights, [4, 10], ["a"], relevance=relevance, has_evidence=torch.ones(2, 1, dtype=torch.bool))
+    sums = credit_metric_sums(weights, [4, 10], ["a"], relevance=relevance,
+                              has_evidence=torch.ones(2, 1, dtype=torch.bool))
     got = {key: (float(total), int(count)) for key, (total, count) in zip(credit_metric_keys(["a"]), sums)}
     assert got["credit/a/gini"] == pytest.approx((3 / 4 + 0.0, 2))            # (n - 1) / n, then 0
     assert got["credit/a/half_weight_share"] == pytest.approx((1 / 4 + 5 / 10, 2))
@@ -99,7 +100,8 @@ def _loop_reference(weights, lengths, names, skipped, relevance, has_evidence):
             p = w / w.sum()
             entropy = float(-(p * p.clamp_min(1e-12).log()).sum()) / math.log(n) if n > 1 else 1.0
             ascending = w.sort().values
-            gini = float(sum((2 * (r + 1) - n - 1) * x for r, x in enumerate(ascending.tolist()))) / (n * float(w.sum()))
+            gini = (float(sum((2 * (r + 1) - n - 1) * x for r, x in enumerate(ascending.tolist())))
+                    / (n * float(w.sum())))
             cumulative = w.sort(descending=True).values.cumsum(0)
             half = (int((cumulative < 0.5 * w.sum()).sum()) + 1) / n
             for key, value in ((f"credit/{name}/top10_share", share), (f"credit/{name}/weight_entropy", entropy),

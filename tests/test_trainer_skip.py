@@ -78,7 +78,8 @@ def test_skipping_zero_coefficient_replays_keeps_the_advantages(tmp_path, method
     advantages = []
     for maps in (everything, skipped):
         batch = CreditBatch(rewards=REWARDS, group_size=G, mask=mask, relevance=maps["relevance"],
-                            joint_relevance=maps["joint_relevance"], entropy=maps["entropy"], has_evidence=maps["has_evidence"])
+                            joint_relevance=maps["joint_relevance"], entropy=maps["entropy"],
+                            has_evidence=maps["has_evidence"])
         advantages.append(get_method(method)(batch, config_))
     torch.testing.assert_close(advantages[1], advantages[0], atol=1e-6, rtol=0)
     # Not vacuous: replayed groups have token-varying advantages, the skipped ones were replayed before.
