@@ -29,9 +29,9 @@ LN2 = math.log(2.0)
 #: Upper bound of the natural-log JS distance.
 JS_DISTANCE_MAX = math.sqrt(LN2)
 #: ``chunk_size=None`` picks as many positions per chunk as fit one fp32 ``(chunk, V)`` buffer in
-#: this many bytes. Measured here: buffers under glibc's 32 MiB mmap threshold are reused from the
-#: heap, larger ones are page-faulted afresh on every chunk, which made chunk 256 at V = 152k
-#: ~8× slower than chunk 32 (see ``mrtpo bench relevance``).
+#: this many bytes: buffers under glibc's 32 MiB mmap threshold are reused from the heap, larger
+#: ones are page-faulted afresh on every chunk, which makes large chunks slower (the figures:
+#: docs/results/2026-12-02-real-model-cost.md; ``mrtpo bench relevance`` measures them).
 DEFAULT_CHUNK_BYTES = 16 * 2**20
 #: The same budget on an accelerator, whose caching allocator reuses a freed buffer at any size:
 #: there each chunk costs ~25 small kernel launches, so a CPU-sized chunk (27 positions at

@@ -4,7 +4,7 @@
 ``check_following``). Using them offline takes a few shims, all applied here and nowhere else:
 
 1. **No ``datasets`` import.** ``if_verifiable/__init__.py`` imports its hub loader
-   (``if_verifiable.api``), which imports ``datasets`` (≈1 s, >1,000 modules incl. pandas and
+   (``if_verifiable.api``), which imports ``datasets`` (>1,000 modules incl. pandas and
    pyarrow) only to download the benchmarks we read from files instead. We load the two checker
    sub-packages under a bare placeholder for the top-level package, then remove the placeholder
    again, so a later ``import if_verifiable`` by anyone else runs the real ``__init__``.

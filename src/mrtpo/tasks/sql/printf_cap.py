@@ -1,8 +1,8 @@
 """SQLite's ``printf``/``format`` with a cap on field width and precision.
 
 SQLite's built-in ``printf('%.*c', 1000000000, 'x')`` loops once per unit of precision inside a
-single function call, where neither the progress handler nor an interrupt can stop it (about 7 s
-on a Xeon); other huge widths and precisions only yield NULL, after allocating. The sandbox
+single function call, where neither the progress handler nor an interrupt can stop it (its cost:
+docs/tasks/sql.md); other huge widths and precisions only yield NULL, after allocating. The sandbox
 therefore registers :func:`capped_printf` over both names: it reads every width and precision the
 format asks for, the ``*`` ones from their arguments, exactly as SQLite's ``sqlite3_str_vappendf``
 consumes them, refuses any above the cap, and otherwise returns what the built-in returns (run on

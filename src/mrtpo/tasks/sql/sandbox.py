@@ -31,12 +31,13 @@ layers, so that one mistake does not open the file or stall the trainer:
    function call SQLite never calls the handler, so single calls are kept small:
    ``max_value_bytes`` (100 KB) bounds every string, blob and row, and with it the builders
    (``replace``, ``hex``, ``quote``, ``upper``, json, ``||`` in recursive CTEs,
-   ``group_concat``); the quadratic ones (``instr``, ``replace``) cost about 0.1 s at that size.
+   ``group_concat``) and the quadratic ones (``instr``, ``replace``); their cost at that size is in
+   docs/tasks/sql.md.
 5. **A killable process**: layers 2-4 run in a pooled worker process
    (:mod:`~mrtpo.tasks.sql.workers`), which the caller kills ``kill_grace_s`` after the
    deadline when it has not answered (e.g. a costly call repeated on every row, between two
    progress checks): TIMEOUT. This is the hard bound; layers 2-4 make it rare, since a kill
-   costs a process start (about 0.1 s, overlapped with the caller's next work).
+   costs a process start (overlapped with the caller's next work).
 
 ``immutable=1`` is deliberately *not* used: the SQLite docs say it disables locking and change
 detection and that setting it on a file that does change "can result in incorrect query results
