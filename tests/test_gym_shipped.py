@@ -63,6 +63,20 @@ def test_a_shipped_policy_loads_without_building(monkeypatch):
     assert len(tokenizer) == model.config.vocab_size
 
 
+def test_a_policy_folder_loads_with_its_own_word_level_tokenizer():
+    # as `mrtpo eval/train/export --model <folder>` load it: AutoTokenizer alone picks Qwen2's BPE
+    # class for this Qwen2 model and decodes the words glued together ("redpigapplejade")
+    from mrtpo.models import load_policy
+
+    task = get_task("gym-constraints")
+    _, gym_tokenizer = task.policy()
+    _, tokenizer = load_policy(str(shipped_policy(task)), dtype=torch.float32)
+    text = "red pig apple jade"
+    ids = tokenizer(text)["input_ids"]
+    assert ids == gym_tokenizer(text)["input_ids"] and len(ids) == 4
+    assert tokenizer.decode(ids) == text
+
+
 def test_settings_that_are_not_shipped_are_built_as_before():
     assert shipped_policy(get_task("gym-call", policy={"steps": 2, "batch_size": 4})) is None
     assert shipped_policy(get_task("gym-answer", p_follow=0.7)) is None

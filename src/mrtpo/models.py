@@ -375,11 +375,27 @@ def _strip_quantization(model) -> None:
 # --------------------------------------------------------------------------------------------
 # Loading.
 # --------------------------------------------------------------------------------------------
-def _load_dir(path: Path, dtype, **init):
-    """Load a saved model folder without touching the network (``init``: more from_pretrained kwargs)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _saved_tokenizer_model(path: Path) -> str | None:
+    """The tokenization model type in ``path/tokenizer.json`` (``"BPE"``, ``"WordLevel"``, ...), if any."""
+    file = Path(path) / "tokenizer.json"
+    return json.loads(file.read_text()).get("model", {}).get("type") if file.is_file() else None
 
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True, **_tokenizer_kwargs(init))
+
+def _load_dir(path: Path, dtype, **init):
+    """Load a saved model folder without touching the network (``init``: more from_pretrained kwargs).
+
+    AutoTokenizer picks the model type's tokenizer class (Qwen2's BPE for a Qwen2 model), which rebuilds a
+    tokenizer.json of another kind wrongly (the gym's word-level policies decoded without spaces); then
+    the folder's tokenizer.json is loaded exactly as saved.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    kwargs = _tokenizer_kwargs(init)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
+    saved = _saved_tokenizer_model(path)
+    backend = getattr(tok, "backend_tokenizer", None)
+    if saved is not None and backend is not None and json.loads(backend.to_str())["model"]["type"] != saved:
+        tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, **init)
     model.eval()
     return model, _finish_tokenizer(tok, model)
