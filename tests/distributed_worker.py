@@ -148,7 +148,7 @@ def main() -> int:
     parser.add_argument("--gym", action="store_true", help="train the gym policy on gym-constraints (gym_overrides)")
     args = parser.parse_args()
 
-    import mrtpo.trainer
+    import mrtpo.trainer.core
     from mrtpo.testing import tiny_policy
     from mrtpo.trainer import ZERO_ADVANTAGE_KEY, MRTPOTrainer
 
@@ -241,7 +241,7 @@ def main() -> int:
     trainer._generate_and_score_completions = recording_generate
 
     micro_batches: list[dict] = []  # every update micro-batch: its rows, and what the update ran
-    original_rows = mrtpo.trainer.rows_that_move
+    original_rows = mrtpo.trainer.core.rows_that_move
 
     def recording_rows(inputs, zero, accelerator):
         kept, left_out = original_rows(inputs, zero, accelerator)
@@ -251,7 +251,7 @@ def main() -> int:
                               "kept_zero": _tensor(kept[ZERO_ADVANTAGE_KEY]), "left_out": left_out})
         return kept, left_out
 
-    mrtpo.trainer.rows_that_move = recording_rows
+    mrtpo.trainer.core.rows_that_move = recording_rows
     updates: list[dict] = []  # every optimizer step: the parameters it starts from and the reduced gradient
     original_clip = trainer._clip_grad_norm
 

@@ -21,7 +21,7 @@ import mrtpo.train
 from mrtpo.rewards import RewardValueError, check_reward_values
 from mrtpo.run_folder import checkpoint_problem, file_problem
 from mrtpo.train import main
-from mrtpo.trainer_metrics import json_line, trim_jsonl
+from mrtpo.trainer.metrics import json_line, trim_jsonl
 
 FLAGS = ["--task", "gym-constraints", "--model", "gym"]
 KEYS = ["task_args={policy: {steps: 3, batch_size: 8}}", "num_generations=4", "per_device_train_batch_size=8",
@@ -353,12 +353,12 @@ def test_a_checkpoint_of_another_run_is_refused_naming_the_settings(run, no_mode
 def test_a_full_disk_while_training_is_one_line(run, monkeypatch, capsys):
     import errno
 
-    import mrtpo.trainer_metrics
+    import mrtpo.trainer.metrics
 
     def full(path, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(mrtpo.trainer_metrics, "append_jsonl", full)
+    monkeypatch.setattr(mrtpo.trainer.metrics, "append_jsonl", full)
     assert train(run, "--resume", "--max-steps", "4") == 2
     line = one_error_line(capsys, loaded=True)
     assert f"cannot write {run / 'metrics.jsonl'}: No space left on device" in line

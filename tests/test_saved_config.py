@@ -30,18 +30,18 @@ def test_a_cpu_runs_file_does_not_pin_the_cpu_on_a_gpu_machine(tmp_path, monkeyp
     # The same file on a machine with CUDA (no CPU defaults): the trainer gets neither use_cpu nor bf16
     # from it, so TRL's GPU defaults apply (this machine has no GPU to build that config on: record it).
     import mrtpo.machine
-    import mrtpo.trainer_config
+    import mrtpo.trainer.config
 
     class Built(Exception):
         pass
 
-    class Recording(mrtpo.trainer_config.MRTPOConfig):
+    class Recording(mrtpo.trainer.config.MRTPOConfig):
         def __init__(self, **kwargs):
             raise Built(kwargs)
 
     with monkeypatch.context() as m:
         m.setattr(mrtpo.machine, "cpu_run_defaults", lambda: {})
-        m.setattr(mrtpo.trainer_config, "MRTPOConfig", Recording)
+        m.setattr(mrtpo.trainer.config, "MRTPOConfig", Recording)
         with pytest.raises(Built) as built:
             load_config([path])
     kwargs = built.value.args[0]

@@ -1,11 +1,11 @@
-"""The trainer's credit metrics, on hand-computed cases (mrtpo.trainer_metrics)."""
+"""The trainer's credit metrics, on hand-computed cases (mrtpo.trainer.metrics)."""
 
 import math
 
 import pytest
 import torch
 
-from mrtpo.trainer_metrics import credit_metric_keys, credit_metric_sums, credit_sample
+from mrtpo.trainer.metrics import credit_metric_keys, credit_metric_sums, credit_sample
 
 
 def test_top_share_on_a_peaked_and_a_uniform_response():

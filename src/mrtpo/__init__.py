@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 from mrtpo.rewards import VerifierReward, evidence  # noqa: E402
 from mrtpo.verifiers import Evidence, Example, Verifier  # noqa: E402
 
-_LAZY = {"MRTPOConfig": "mrtpo.trainer", "MRTPOTrainer": "mrtpo.trainer"}
+_LAZY = {"MRTPOConfig": "mrtpo.trainer.config", "MRTPOTrainer": "mrtpo.trainer.core"}
 
 
 def __getattr__(name: str):

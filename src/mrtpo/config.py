@@ -4,7 +4,7 @@ Settings come in layers, later ones winning: the built-in defaults (:data:`TRAIN
 with CPU-safe overrides when no GPU is present, :func:`mrtpo.machine.cpu_run_defaults`), a base
 (the saved ``config.yaml`` of a resumed run, a benchmark preset), each config file in order, then the
 overrides (named flags and ``key=value``). Every key is either a run-level setting (:class:`RunSettings`) or a field of
-:class:`~mrtpo.trainer_config.MRTPOConfig` (TRL's GRPOConfig plus the credit knobs); deprecated
+:class:`~mrtpo.trainer.config.MRTPOConfig` (TRL's GRPOConfig plus the credit knobs); deprecated
 transformers names are stored under their new name; an unknown key is an error that suggests the
 closest valid one (:func:`valid_keys` lists them all).
 """
@@ -142,7 +142,7 @@ def _field_docs() -> dict[str, str]:
 
 
 def _trainer_fields() -> dict[str, dataclasses.Field]:
-    from mrtpo.trainer_config import MRTPOConfig
+    from mrtpo.trainer.config import MRTPOConfig
 
     return {f.name: f for f in dataclasses.fields(MRTPOConfig) if f.init}
 
@@ -319,7 +319,7 @@ def load_config(
     ConfigError.
     """
     from mrtpo.machine import choose_cpu_dtype, cpu_flags, cpu_run_defaults
-    from mrtpo.trainer_config import MRTPOConfig
+    from mrtpo.trainer.config import MRTPOConfig
 
     known = valid_keys()
     layers: list[tuple[str, dict[str, Any]]] = []

@@ -62,7 +62,7 @@ from mrtpo.run_folder import (  # noqa: E402
     run_files,
     saved_config,
 )
-from mrtpo.trainer_metrics import trim_jsonl  # noqa: E402
+from mrtpo.trainer.metrics import trim_jsonl  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

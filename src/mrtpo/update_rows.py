@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mrtpo.trainer_config import ROW_KEYS
+from mrtpo.trainer.config import ROW_KEYS
 
 
 def rows_to_keep(zero: Tensor, count: int) -> Tensor:
@@ -38,7 +38,7 @@ def rows_that_move(inputs: dict[str, Any], zero: Tensor, accelerator: Any) -> tu
 
     Every process calls this for each micro-batch: with several processes it gathers two integers
     (one process: no collective). A batch carrying keys other than per-row tensors
-    (:data:`mrtpo.trainer_config.ROW_KEYS`) cannot be cut and asks for all its rows.
+    (:data:`mrtpo.trainer.config.ROW_KEYS`) cannot be cut and asks for all its rows.
     ``num_items_in_batch`` is kept, so the DAPO / CISPO normaliser is unchanged.
     """
     cuttable = set(inputs) <= ROW_KEYS | {"num_items_in_batch"}

@@ -26,10 +26,10 @@ differs from GRPOTrainer, and nothing else:
    tokens on a 330-token prompt with 8 × 64-token completions (``shared_prompt_update``).
 5. ``_generate`` / ``training_step`` are wrapped only to time generation, scoring, replay and
    update, and a callback writes every log line to ``<output_dir>/metrics.jsonl``
-   (:mod:`mrtpo.trainer_metrics`, with the per-reward credit metrics).
-6. The model card names MRTPO, its paper and the base model (:mod:`mrtpo.trainer_card`).
+   (:mod:`mrtpo.trainer.metrics`, with the per-reward credit metrics).
+6. The model card names MRTPO, its paper and the base model (:mod:`mrtpo.trainer.card`).
 
-The config and the keys it shares with the trainer live in :mod:`mrtpo.trainer_config`.
+The config and the keys it shares with the trainer live in :mod:`mrtpo.trainer.config`.
 
 TRL's loss is untouched: it already accepts ``(B, T)`` advantages. Loss types that assume one
 advantage per sequence are rejected by the config, and so are TRL's reward-aggregation settings
@@ -63,8 +63,8 @@ from mrtpo.replay_plan import (
 )
 from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
-from mrtpo.trainer_card import ModelCardMixin
-from mrtpo.trainer_config import (
+from mrtpo.trainer.card import ModelCardMixin
+from mrtpo.trainer.config import (
     GLOBAL_NORMALISER_LOSSES,
     SEQUENCE_ADVANTAGES_KEY,
     SEQUENCE_LEVEL_LOSSES,
@@ -72,7 +72,7 @@ from mrtpo.trainer_config import (
     ZERO_ADVANTAGE_KEY,
     MRTPOConfig,
 )
-from mrtpo.trainer_metrics import MetricsJSONL, append_samples, credit_metric_keys, credit_metric_sums, peak_memory_gib
+from mrtpo.trainer.metrics import MetricsJSONL, append_samples, credit_metric_keys, credit_metric_sums, peak_memory_gib
 from mrtpo.update_rows import rows_that_move
 from mrtpo.verifiers import Evidence
 
@@ -420,7 +420,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
                                                off_policy_threshold)
 
     def _log_credit(self, inputs, out, batch: CreditBatch, maps: dict, advantages: Tensor) -> None:
-        """Per-reward credit metrics over the global batch (:func:`mrtpo.trainer_metrics.credit_metric_sums`:
+        """Per-reward credit metrics over the global batch (:func:`mrtpo.trainer.metrics.credit_metric_sums`:
         each rank sums its completions, one gather of the ``(sum, count)`` pairs makes global means),
         and a few completions' token weights for the token-credit view."""
         weights = self.credit_method.weights(batch, self.credit_config)
