@@ -97,7 +97,8 @@ def gym_overrides(output_dir: str, max_steps: int, per_device_train_batch_size: 
     4 prompts x 8 completions per step over the processes."""
     return {"task": "gym-constraints", "model": "gym", "output_dir": output_dir, "max_steps": max_steps,
             "num_generations": 8, "per_device_train_batch_size": per_device_train_batch_size,
-            "max_completion_length": 40, "learning_rate": 3e-4, "report": False, "save_strategy": "no"}
+            "max_completion_length": 40, "learning_rate": 3e-4, "report": False, "save_strategy": "no",
+            "lam": 1.0, "w_max": None}  # the paper's weight shape: the trajectory the tests' step notes describe
 
 
 def build_config(output_dir: str, method: str, max_steps: int, **kw):

@@ -170,6 +170,11 @@ def test_comparison_files_cover_every_method_and_seed(bench):
                                                  "steps_to_target"}
     for r in result["runs"]:  # equal seconds: gdpo's budget is its own whole run, so its value is its final
         times = [x["step_time"] for x in _jsonl(bench / f"gdpo-seed{r['seed']}" / "metrics.jsonl") if "loss" in x]
+        if "equal_time" not in r:  # on busy cores an mrtpo run's first step can outlast gdpo's 2-step run
+            assert r["method"] == "mrtpo"
+            own = [x["step_time"] for x in _jsonl(bench / f"mrtpo-seed{r['seed']}" / "metrics.jsonl") if "loss" in x]
+            assert own[0] > sum(times)
+            continue
         assert r["equal_time"]["budget_s"] == pytest.approx(sum(times))
         if r["method"] == "gdpo":
             assert r["equal_time"]["step"] == 2 and r["equal_time"]["value"] == r["final"]["reward"]

@@ -58,14 +58,14 @@ def test_method_settings_let_only_their_keys_differ(tmp_path):
 def test_a_variant_trains_its_base_method_under_its_own_label_with_its_own_settings(tmp_path):
     from mrtpo.bench.learn.plan import BenchError, method_variants, plan_configs, run_dir
 
-    labels, bases = method_variants(["gdpo", "mrtpo", "bounded=mrtpo"])
-    assert labels == ["gdpo", "mrtpo", "bounded"] and bases == {"bounded": "mrtpo"}
+    labels, bases = method_variants(["gdpo", "mrtpo", "paper=mrtpo"])
+    assert labels == ["gdpo", "mrtpo", "paper"] and bases == {"paper": "mrtpo"}
     plans = plan_configs("gym-call", labels, [0], {"model": "gym"}, "preset", [], {"max_steps": 3}, tmp_path,
-                         {"bounded": {"lam": 0.2, "w_max": 1.2}}, None, bases)
-    bounded, paper = plans[("bounded", None, 0)], plans[("mrtpo", None, 0)]
-    assert bounded.args.method == paper.args.method == "mrtpo"
-    assert (bounded.args.lam, bounded.args.w_max) == (0.2, 1.2) and (paper.args.lam, paper.args.w_max) == (1.0, None)
-    assert bounded.args.output_dir == str(run_dir(tmp_path, "bounded", 0, None))
+                         {"paper": {"lam": 1.0, "w_max": None}}, None, bases)
+    paper, default = plans[("paper", None, 0)], plans[("mrtpo", None, 0)]
+    assert paper.args.method == default.args.method == "mrtpo"
+    assert (paper.args.lam, paper.args.w_max) == (1.0, None) and (default.args.lam, default.args.w_max) == (0.2, 1.2)
+    assert paper.args.output_dir == str(run_dir(tmp_path, "paper", 0, None))
     for bad in (["mrtpo", "mrtpo"], ["a b=mrtpo"], ["x="]):
         with pytest.raises(BenchError):
             method_variants(bad)

@@ -255,3 +255,14 @@ def test_gdpo_cancels_on_a_constant_sum_group_and_mrtpo_does_not():
     assert torch.all(torch.sign(first) == torch.sign(r1 - 0.5).unsqueeze(1))
     assert torch.all(torch.sign(second) == -torch.sign(r1 - 0.5).unsqueeze(1))
     torch.testing.assert_close(masked_mean(mrtpo, mask), torch.zeros(8), atol=1e-5, rtol=0)  # still no net credit
+
+
+def test_explain_writes_out_trainings_default_weight_shape():
+    from mrtpo.credit import DEFAULT_LAM, DEFAULT_W_MAX
+    from mrtpo.explain import WEIGHT_SHAPE
+    from mrtpo.trainer.config import MRTPOConfig
+
+    assert WEIGHT_SHAPE == {"lam": DEFAULT_LAM, "w_max": DEFAULT_W_MAX}
+    defaults = {f.name: f.default for f in MRTPOConfig.__dataclass_fields__.values()}
+    assert (defaults["lam"], defaults["w_max"]) == (DEFAULT_LAM, DEFAULT_W_MAX) == (0.2, 1.2)
+

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mrtpo.counterfactual import prompt_renderer
-from mrtpo.credit import relevance_weights
+from mrtpo.credit import DEFAULT_LAM, DEFAULT_W_MAX, relevance_weights
 from mrtpo.demo import main as demo_main
 from mrtpo.models import load_policy
 from mrtpo.replay import replay_completion
@@ -41,7 +41,8 @@ def test_demo_group_replay_matches_per_completion_replay(tiny_model_dir, tmp_pat
             if ev is None:
                 assert torch.equal(weights[k], torch.ones(len(ids)))  # uniform where nothing is replayed
                 continue
-            expected = relevance_weights(alone.relevance[k : k + 1], torch.ones(1, len(ids)))[0]
+            expected = relevance_weights(alone.relevance[k : k + 1], torch.ones(1, len(ids)),
+                                         DEFAULT_LAM, DEFAULT_W_MAX)[0]
             assert weights[k] == pytest.approx(expected.tolist(), abs=1e-4)
             assert weights[k].mean().item() == pytest.approx(1.0, abs=1e-5)
         assert len(completion["mrtpo_advantage"]) == len(completion["tokens"]) == len(ids)

@@ -58,7 +58,7 @@ def test_weights_follow_the_method(tiny, sql, one_thread):
     model, tok = tiny
     task, example = sql
     ids = tok(WRONG_TABLE, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    res = explain(model, tok, task, example, ids, WRONG_TABLE, method="mrtpo")
+    res = explain(model, tok, task, example, ids, WRONG_TABLE, method="mrtpo", lam=1.0, w_max=None)  # the paper's
     assert res["rewards"] == [1.0, 0.0, 0.0]  # well formed, but table "singers" does not exist
     w, rel = res["weights"], res["relevance"]
     assert w.shape == (3, len(ids)) and torch.all(rel >= 0)
@@ -69,8 +69,12 @@ def test_weights_follow_the_method(tiny, sql, one_thread):
     assert not torch.allclose(w[0], w[2])  # reward-specific maps
     uniform = explain(model, tok, task, example, ids, WRONG_TABLE, method="gdpo")["weights"]
     assert torch.equal(uniform, torch.ones_like(uniform))
-    half = explain(model, tok, task, example, ids, WRONG_TABLE, method="mrtpo", lam=0.5)["weights"]
+    half = explain(model, tok, task, example, ids, WRONG_TABLE, method="mrtpo", lam=0.5, w_max=None)["weights"]
     torch.testing.assert_close(half, 0.5 + 0.5 * w)
+    # the default shape is training's: λ 0.2 and a cap of 1.2, so every weight lies in [0.8, 1.2]
+    default = explain(model, tok, task, example, ids, WRONG_TABLE, method="mrtpo")["weights"]
+    assert float(default.min()) >= 0.8 - 1e-6 and float(default.max()) <= 1.2 + 1e-6
+    torch.testing.assert_close(default.mean(1), torch.ones(3))
     joint = explain(model, tok, task, example, ids, WRONG_TABLE, method="contrast")["weights"]
     torch.testing.assert_close(joint[0], joint[1])  # one shared map for every reward
 

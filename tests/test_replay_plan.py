@@ -16,8 +16,11 @@ import mrtpo
 import mrtpo.credit.methods as credit_methods
 from mrtpo import replay_plan
 from mrtpo.credit import (
+    DEFAULT_LAM,
+    DEFAULT_W_MAX,
     NEEDS,
     CreditBatch,
+    CreditConfig,
     compute_advantages,
     get_method,
     register_method,
@@ -268,7 +271,8 @@ def test_demo_weights_are_the_registered_methods(tiny_model_dir, tmp_path, one_t
     batch = CreditBatch(torch.tensor([c["rewards"] for c in completions]), len(completions), mask, relevance=relevance,
                         has_evidence=torch.tensor([c["has_evidence"] for c in completions]))
     assert batch.has_evidence.any() and relevance.abs().sum() > 0
-    weights, advantages = get_method(METHOD).weights(batch), compute_advantages(METHOD, batch)
+    shape = CreditConfig(lam=DEFAULT_LAM, w_max=DEFAULT_W_MAX)  # training's default weight shape
+    weights, advantages = get_method(METHOD).weights(batch, shape), compute_advantages(METHOD, batch, shape)
     for j, c in enumerate(completions):
         n = len(c["token_ids"])
         torch.testing.assert_close(torch.tensor(c["weights"]), weights[j, :, :n])

@@ -337,8 +337,9 @@ def vowel_count(completions, **kwargs):
 def test_off_policy_mask_keeps_or_drops_whole_sequences(tmp_path):
     """TRL's mask tests ``advantage >= 0``; with (B, T) advantages that would drop single tokens.
     The trainer decides it per sequence, by the sign of the sequence's GDPO advantage."""
+    # the paper's weight shape (λ 1, no cap), under which tokens of both signs in one sequence are common
     trainer = make_trainer(tmp_path, [vowel_count, char_code], off_policy_mask_threshold=-1.0, max_steps=2,
-                           per_device_train_batch_size=8, num_generations=4)
+                           per_device_train_batch_size=8, num_generations=4, lam=1.0, w_max=None)
     events, masks = [], []
     record_loss_inputs(trainer, events)
     original = trainer.get_off_policy_mask

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
-    from mrtpo.credit import CreditBatch, compute_advantages, get_method
+    from mrtpo.credit import DEFAULT_LAM, DEFAULT_W_MAX, CreditBatch, CreditConfig, compute_advantages, get_method
     from mrtpo.models import load_policy
     from mrtpo.replay import ReplayGroup, batch_relevance
     from mrtpo.replay_plan import example_contexts, plan_replays
@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     steps.update()
 
     batch = CreditBatch(rewards, args.group_size, mask, **maps)
-    mrtpo_adv = credit(batch)
+    shape = CreditConfig(lam=DEFAULT_LAM, w_max=DEFAULT_W_MAX)  # training's default weight shape
+    mrtpo_adv = credit(batch, shape)
     gdpo_adv = compute_advantages("gdpo", batch)
-    weights = credit.weights(batch)  # (G, K, T): the weights training gives each reward
+    weights = credit.weights(batch, shape)  # (G, K, T): the weights training gives each reward
     steps.update()
     steps.close()
 

@@ -28,6 +28,10 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from mrtpo.cli_help import HelpFormatter
 from mrtpo.tasks import TASK_NAMES
 
+#: Training's default weight shape (:data:`mrtpo.credit.DEFAULT_LAM` / ``DEFAULT_W_MAX``, equal by a test),
+#: written out so parsing the arguments does not import torch.
+WEIGHT_SHAPE = {"lam": 0.2, "w_max": 1.2}
+
 METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
 
 __all__ = ["explain", "main"]
@@ -52,8 +56,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="weights dtype (training uses float32 on CPU)")
     p.add_argument("--method", default="mrtpo", choices=METHODS, help="credit method whose weights are shown")
     p.add_argument("--relevance", default="js", choices=("js", "kl", "logratio"), help="relevance of a replay")
-    p.add_argument("--lam", type=float, default=1.0, help="0 uniform .. 1 proportional to relevance")
-    p.add_argument("--w-max", type=float, default=None, help="cap on one token's weight (default: no cap)")
+    p.add_argument("--lam", type=float, default=WEIGHT_SHAPE["lam"],
+                   help="0 uniform .. 1 proportional to relevance (training's default; the paper's: 1)")
+    p.add_argument("--w-max", type=float, default=WEIGHT_SHAPE["w_max"],
+                   help="cap on one token's weight (training's default; 0: no cap, the paper's)")
     p.add_argument("--temperature", type=float, default=1.0, help="replay temperature (the sampling temperature)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="length cap of the greedy completion")
     p.add_argument("--no-eos", action="store_true", help="do not append the end-of-turn token to a given completion")
@@ -92,7 +98,8 @@ def _greedy(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
 
 
 def explain(model, tokenizer, task, example, completion_ids: list[int], completion_text: str, *, method: str = "mrtpo",
-            relevance: str = "js", lam: float = 1.0, w_max: float | None = None, temperature: float = 1.0):
+            relevance: str = "js", lam: float = WEIGHT_SHAPE["lam"], w_max: float | None = WEIGHT_SHAPE["w_max"],
+            temperature: float = 1.0):
     """Rewards, evidence, relevance and ``method``'s weights for one completion; returns a dict
     with ``view`` (a :class:`~mrtpo.report.token_view.CompletionView`) and the raw tensors."""
     import torch
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print("mrtpo explain: the completion has no tokens", file=sys.stderr)
         return 2
     res = explain(model, tokenizer, task, example, ids, text, method=args.method, relevance=args.relevance,
-                  lam=args.lam, w_max=args.w_max, temperature=args.temperature)
+                  lam=args.lam, w_max=args.w_max or None, temperature=args.temperature)
     print(f"{args.task} {example.id} · {origin} · {len(ids)} tokens · model {args.model}")
     print("  " + text.strip().replace("\n", "\n  ")[:600])
     for k, (name, r, ev) in enumerate(zip(res["names"], res["rewards"], res["evidences"])):

@@ -17,6 +17,8 @@ from mrtpo.credit.advantages import (
     weighted_reward_sum,
 )
 from mrtpo.credit.methods import (
+    DEFAULT_LAM,
+    DEFAULT_W_MAX,
     NEEDS,
     SEQUENCE_ADVANTAGES,
     CreditBatch,
@@ -55,6 +57,8 @@ __all__ = [
     "JS_DISTANCE_MAX",
     "MIN_BATCH_STD",
     "MIN_MEAN_RELEVANCE",
+    "DEFAULT_LAM",
+    "DEFAULT_W_MAX",
     "NEEDS",
     "RELEVANCE_KINDS",
     "SEQUENCE_ADVANTAGES",

@@ -27,9 +27,17 @@ NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy")
 SEQUENCE_ADVANTAGES: tuple[str, ...] = ("grpo", "gdpo")
 
 
+#: The default weight shape of training, ``mrtpo explain`` and ``mrtpo demo``: every weight in [0.8, 1.2]
+#: (lam 0.2, cap 1.2), chosen over the paper's (lam 1, no cap) by the rule written before the runs
+#: (docs/results/gym-default-plan.md): no loss against GDPO on any gym family, where the paper's lost on one.
+DEFAULT_LAM = 0.2
+DEFAULT_W_MAX = 1.2
+
+
 @dataclass(frozen=True)
 class CreditConfig:
-    """Knobs shared by all methods."""
+    """Knobs shared by all methods. Its defaults are the paper's formula (weights proportional to
+    relevance, uncapped); the trainer passes :data:`DEFAULT_LAM` / :data:`DEFAULT_W_MAX` unless told otherwise."""
 
     lam: float = 1.0  # interpolation uniform (0) → proportional to relevance (1)
     reward_lam: Sequence[float] | None = None  # per-reward lam (one per reward, overrides lam); per_reward maps only
@@ -266,6 +274,8 @@ def _mrtpo_swapped(batch: CreditBatch, config: CreditConfig) -> Tensor:
 
 
 __all__ = [
+    "DEFAULT_LAM",
+    "DEFAULT_W_MAX",
     "NEEDS",
     "SEQUENCE_ADVANTAGES",
     "CreditBatch",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER
-from mrtpo.credit import RELEVANCE_KINDS, available_methods, get_method
+from mrtpo.credit import DEFAULT_LAM, DEFAULT_W_MAX, RELEVANCE_KINDS, available_methods, get_method
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
 SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
@@ -42,11 +42,12 @@ class MRTPOConfig(GRPOConfig):
 
     method: str = field(default="mrtpo", metadata={"help": "credit method: grpo, gdpo, mrtpo, contrast, entropy"})
     relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})
-    lam: float = field(default=1.0, metadata={"help": "weight interpolation: 0 uniform, 1 proportional to relevance"})
+    lam: float = field(default=DEFAULT_LAM, metadata={"help": (
+        "weight interpolation: 0 uniform, 1 proportional to relevance (the paper's: lam 1, w_max None)")})
     reward_lam: list[float] | None = field(default=None, metadata={"help": (
         "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); "
         "None: lam for all")})
-    w_max: float | None = field(default=None, metadata={"help": (
+    w_max: float | None = field(default=DEFAULT_W_MAX, metadata={"help": (
         "cap on one token's weight (then renormalised); None: no cap")})
     relevance_chunk_size: int | None = field(default=None, metadata={"help": (
         "positions per relevance chunk; None: auto")})
