@@ -107,6 +107,7 @@ def test_every_method_gives_unscorable_rows_zero_and_keeps_gdpo_on_scorable_ones
     batch = CreditBatch(rewards=rewards, group_size=4, mask=mask,
                         relevance=torch.rand(n, k, t, generator=gen) * mask.unsqueeze(1),
                         joint_relevance=torch.rand(n, t, generator=gen) * mask,
+                        decoy_relevance=torch.rand(n, k, t, generator=gen) * mask.unsqueeze(1),
                         entropy=torch.rand(n, t, generator=gen) * mask)
     unscorable = ~scorable_rows(rewards)
     gdpo = gdpo_advantages(rewards, 4)

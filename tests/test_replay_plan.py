@@ -66,7 +66,7 @@ def test_every_needs_kind_has_a_rule():
     assert set(CONTEXT_RULES) == set(NEEDS)
     with pytest.raises(KeyError, match="no replay rule for needs 'nope'"):
         context_rule("nope")
-    assert [needs_evidence(kind) for kind in NEEDS] == [False, True, True, False]
+    assert [needs_evidence(kind) for kind in NEEDS] == [False, True, True, False, True]
 
 
 def test_group_rows_in_first_seen_order():

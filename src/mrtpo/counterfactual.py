@@ -153,6 +153,39 @@ def counterfactual_text(
     return text
 
 
+def decoy_text(
+    prompt: str | list[dict[str, Any]],
+    own: Evidence,
+    decoy: Evidence,
+    render: Callable[[list[dict[str, Any]]], str],
+    header: str = DEFAULT_PRIVILEGED_HEADER,
+    *,
+    verifier: str = "?",
+    example_id: str = "?",
+) -> str:
+    """The prompt as if its reward's evidence were ``decoy`` (another example's evidence for that reward).
+
+    ``in_prompt``: the ``own`` span (which must occur exactly once in the rendered prompt) replaced
+    by the decoy's text, inside its message when one message holds it; ``privileged``: the decoy
+    appended under ``header`` where the own evidence would be. The contrastive relevance compares the
+    response's reaction to this context with its reaction to its own evidence (:mod:`mrtpo.replay_plan`).
+    """
+    if own.placement == "privileged":
+        return counterfactual_text(prompt, [Evidence(decoy.text, "privileged")], render, header,
+                                   verifiers=[verifier], example_id=example_id)
+    if isinstance(prompt, str):
+        _require_once(prompt, own.text, verifier, example_id)
+        return prompt.replace(own.text, decoy.text)
+    messages = [dict(m) for m in prompt]
+    rendered = render(messages)
+    _require_once(rendered, own.text, verifier, example_id)
+    index = _message_holding(messages, own.text)
+    if index is None:
+        return rendered.replace(own.text, decoy.text)
+    messages[index] = {**messages[index], "content": messages[index]["content"].replace(own.text, decoy.text)}
+    return render(messages)
+
+
 def counterfactual_prompt(
     example: Example,
     evidences: Sequence[Evidence],
@@ -173,6 +206,6 @@ def counterfactual_prompt(
 
 __all__ = [
     "DEFAULT_PRIVILEGED_HEADER", "EvidenceNotFoundError", "PromptRenderer", "append_privileged",
-    "counterfactual_prompt", "counterfactual_text", "cut", "default_render_prompt", "prompt_renderer",
+    "counterfactual_prompt", "counterfactual_text", "cut", "decoy_text", "default_render_prompt", "prompt_renderer",
     "remove_span",
 ]

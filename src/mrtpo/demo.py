@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_replays([list(range(len(completions)))], [evidences], lengths.tolist(), credit.needs)
     (group,) = plan.groups
     steps.set_postfix_str(f"replaying the group ({1 + len(group.counterfactuals)} contexts)")
-    replays = [ReplayGroup(example_contexts(group, example, names, render, ids_of), group.placements, sampled, lengths)]
+    replays = [ReplayGroup(example_contexts(group, example, names, render, ids_of), group.placements, sampled, lengths,
+                           group.bases)]
     results = batch_relevance(model, replays if group.replayed else [], temperature=args.temperature,
                               with_entropy=plan.entropy)
     maps = plan.scatter(results, t_max)

@@ -126,6 +126,7 @@ def explain(model, tokenizer, task, example, completion_ids: list[int], completi
         has_evidence=torch.tensor([result.has_evidence]),
         joint_relevance=None if result.joint is None else result.joint.unsqueeze(0),
         entropy=None if result.entropy is None else result.entropy.unsqueeze(0),
+        decoy_relevance=None if result.decoy is None else result.decoy.unsqueeze(0),
     )
     weights = credit.weights(batch, CreditConfig(lam=lam, w_max=w_max))[0]  # (K, T)
     tokens = [tokenizer.decode([i]) for i in completion_ids]

@@ -328,12 +328,14 @@ class GroupRelevance:
 class ReplayGroup:
     """One prompt group to replay: ``contexts`` (the original prompt's ids first, then its
     counterfactuals'), ``placements[i]`` the side of counterfactual ``i`` that carries the evidence,
-    ``completions`` ``(G, T)`` right-padded ids, ``lengths`` ``(G,)``."""
+    ``completions`` ``(G, T)`` right-padded ids, ``lengths`` ``(G,)``; ``bases[i]`` the context that
+    counterfactual ``i`` is measured against (``None``: every one against the original, context 0)."""
 
     contexts: Sequence[Sequence[int]]
     placements: Sequence[str]
     completions: Tensor
     lengths: Tensor
+    bases: Sequence[int] | None = None
 
 
 def batch_relevance(
@@ -351,9 +353,10 @@ def batch_relevance(
     on_device: bool = False,
     packed: bool = False,
 ) -> list[GroupRelevance]:
-    """Relevance of each group's counterfactuals ``contexts[1:]`` against its original ``contexts[0]``.
+    """Relevance of each group's counterfactuals ``contexts[1:]`` against its original ``contexts[0]``
+    (or against the context ``bases`` names).
 
-    ``placements`` say which side carries the evidence (``in_prompt``: the original;
+    ``placements`` say which side carries the evidence (``in_prompt``: the base;
     ``privileged``: the counterfactual), which matters for ``kl``. The groups are replayed in the
     passes of :func:`plan_passes` (``micro_batch``: at most that many completions per pass;
     ``groups_per_pass``: at most that many groups, ``None``: all), each pass in the three forward
@@ -370,6 +373,9 @@ def batch_relevance(
         if len(group.placements) != len(group.contexts) - 1:
             raise ValueError(f"need one placement per counterfactual: {len(group.contexts) - 1}, "
                              f"got {len(group.placements)}")
+        if group.bases is not None and (len(group.bases) != len(group.placements)
+                                        or not all(0 <= b < len(group.contexts) for b in group.bases)):
+            raise ValueError(f"need one base context index per counterfactual, got {list(group.bases)}")
         g, t = group.completions.shape
         lengths = group.lengths.to(group.completions.device)
         masks.append(torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.view(-1, 1))
@@ -397,8 +403,9 @@ def batch_relevance(
             base_masks.append(mask)
             for c, placement in enumerate(group.placements, start=1):
                 other = torch.arange(out.sizes[m]) + out.blocks[m][c]
-                with_rows.append(base if placement == "in_prompt" else other)
-                without_rows.append(other if placement == "in_prompt" else base)
+                reference = base if group.bases is None else base - out.blocks[m][0] + out.blocks[m][group.bases[c - 1]]
+                with_rows.append(reference if placement == "in_prompt" else other)
+                without_rows.append(other if placement == "in_prompt" else reference)
                 ids.append(completions)
                 pair_masks.append(mask)
                 targets.append((group_index, c - 1, rows, out.widths[m]))
@@ -441,6 +448,7 @@ class ReplayResult:
     has_evidence: list[bool]  # the rewards whose own map was replayed
     joint: Tensor | None = None  # (T,) all evidence at once (needs "joint"; 0 where no reward has evidence)
     entropy: Tensor | None = None  # (T,) the policy's own entropy (needs "entropy")
+    decoy: Tensor | None = None  # (K, T) each reward's map under a decoy (needs "contrastive"; 0: no decoy)
 
 
 def replay_completion(
@@ -475,7 +483,7 @@ def replay_completion(
     t = completion_ids.numel()
     plan = plan_replays([[0]], [list(evidences)], [t], needs)
     replays = [ReplayGroup(example_contexts(group, example, names, render, ids_of, header=header), group.placements,
-                           completion_ids.unsqueeze(0), torch.tensor([t])) for group in plan.replayed]
+                           completion_ids.unsqueeze(0), torch.tensor([t]), group.bases) for group in plan.replayed]
     results = batch_relevance(model, replays, kind=kind, temperature=temperature, chunk_size=chunk_size, top_k=top_k,
                               with_entropy=plan.entropy)
     maps = plan.scatter(results, t)
@@ -483,7 +491,8 @@ def replay_completion(
     return ReplayResult(relevance=(relevance[0] if relevance is not None else torch.zeros(len(evidences), t)).float(),
                         has_evidence=maps["has_evidence"][0].tolist(),
                         joint=None if maps["joint_relevance"] is None else maps["joint_relevance"][0],
-                        entropy=None if maps["entropy"] is None else maps["entropy"][0])
+                        entropy=None if maps["entropy"] is None else maps["entropy"][0],
+                        decoy=None if maps["decoy_relevance"] is None else maps["decoy_relevance"][0])
 
 
 __all__ = [

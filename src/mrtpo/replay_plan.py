@@ -26,21 +26,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, PromptRenderer, counterfactual_text
+from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, PromptRenderer, counterfactual_text, decoy_text
 from mrtpo.verifiers import Evidence, Example
 
 #: One counterfactual per reward with evidence; its map fills that reward's row of ``relevance`` ``(B, K, T)``.
 EACH = "each"
 #: One counterfactual with every reward's evidence at once; its map fills ``joint_relevance`` ``(B, T)``.
 ALL = "all"
+#: A reward's evidence replaced by a decoy (another prompt's evidence for that reward); its map, measured
+#: against the context without any evidence, fills ``decoy_relevance`` ``(B, K, T)``.
+DECOY = "decoy"
 
 
 @dataclass(frozen=True)
 class ContextRule:
     """What one credit ``needs`` kind replays: ``counterfactuals`` (``None``, :data:`EACH` or
-    :data:`ALL`) next to the original prompt, and whether the original's ``entropy`` ``(B, T)`` is read."""
+    :data:`ALL`) next to the original prompt, whether each :data:`EACH` counterfactual gets a
+    :data:`DECOY` beside it (``decoys``), and whether the original's ``entropy`` ``(B, T)`` is read."""
 
     counterfactuals: str | None = None
+    decoys: bool = False
     entropy: bool = False
 
     @property
@@ -53,11 +58,12 @@ CONTEXT_RULES: dict[str, ContextRule] = {
     "none": ContextRule(),
     "per_reward": ContextRule(counterfactuals=EACH),
     "joint": ContextRule(counterfactuals=ALL),
+    "contrastive": ContextRule(counterfactuals=EACH, decoys=True),
     "entropy": ContextRule(entropy=True),
 }
 
 #: The :class:`mrtpo.credit.CreditBatch` fields a plan fills (:meth:`ReplayPlan.scatter`).
-CREDIT_FIELDS = ("relevance", "joint_relevance", "entropy", "has_evidence")
+CREDIT_FIELDS = ("relevance", "joint_relevance", "decoy_relevance", "entropy", "has_evidence")
 
 
 def context_rule(needs: str) -> ContextRule:
@@ -85,12 +91,16 @@ def _ordered(needs: str | Sequence[str]) -> tuple[str, ...]:
 class Counterfactual:
     """One counterfactual context: the rewards whose evidence it removes or appends (``rule``
     :data:`EACH`: one reward; :data:`ALL`: every reward with evidence), that evidence, and the side
-    that carries it (``placement``: ``in_prompt`` = the original, ``privileged`` = this context)."""
+    that carries it (``placement``: ``in_prompt`` = the context its map is measured against,
+    ``privileged`` = this context). A :data:`DECOY` puts ``decoy`` where its reward's evidence was and
+    is measured against context ``base`` (0: the original; else the reward's own counterfactual)."""
 
     rule: str
     rewards: tuple[int, ...]
     evidences: tuple[Evidence, ...]
     placement: str
+    decoy: Evidence | None = None
+    base: int = 0
 
 
 @dataclass
@@ -116,6 +126,11 @@ class GroupPlan:
         """One placement per counterfactual, for :class:`mrtpo.replay.ReplayGroup`."""
         return [cf.placement for cf in self.counterfactuals]
 
+    @property
+    def bases(self) -> list[int]:
+        """The context each counterfactual's map is measured against, for :class:`mrtpo.replay.ReplayGroup`."""
+        return [cf.base for cf in self.counterfactuals]
+
 
 def group_rows(keys: Sequence[Hashable]) -> list[list[int]]:
     """Row indices grouped by ``keys[j]`` (a completion's prompt), groups and rows in first-seen order."""
@@ -126,28 +141,38 @@ def group_rows(keys: Sequence[Hashable]) -> list[list[int]]:
 
 
 def plan_group(rows: list[int], evidences: Sequence[Evidence | None], active: Sequence[bool],
-               needs: str | Sequence[str], width: int = 1) -> GroupPlan:
+               needs: str | Sequence[str], width: int = 1,
+               decoys: Sequence[Evidence | None] | None = None) -> GroupPlan:
     """The contexts one group is replayed under.
 
     ``evidences`` ``K``: each reward's evidence for this prompt (``None``: none); ``active`` ``K``
     bools: rewards with a non-zero coefficient for some member (:func:`mrtpo.credit.reward_coefficients`).
-    :data:`EACH` replays an active reward's counterfactual; :data:`ALL` and the entropy replay their
-    one map where any reward is active. What is left out goes to ``skipped`` / ``contexts_skipped``.
+    :data:`EACH` replays an active reward's counterfactual (once, however many kinds ask for it),
+    followed, for kinds with ``decoys``, by a :data:`DECOY` per reward with a decoy in ``decoys``
+    (``K``, :func:`choose_decoys`); :data:`ALL` and the entropy replay their one map where any reward
+    is active. What is left out goes to ``skipped`` / ``contexts_skipped``.
     """
     k = len(evidences)
     present = [i for i, ev in enumerate(evidences) if ev is not None]
     counterfactuals: list[Counterfactual] = []
     skipped: set[int] = set()
     contexts_skipped, entropy = 0, False
-    for kind in _ordered(needs):
-        rule = CONTEXT_RULES[kind]
-        if rule.counterfactuals == EACH:
-            counterfactuals += [Counterfactual(EACH, (i,), (evidences[i],), evidences[i].placement)
-                                for i in present if active[i]]
-            inactive = [i for i in present if not active[i]]
-            skipped.update(inactive)
-            contexts_skipped += len(inactive)
-        elif rule.counterfactuals == ALL and present:
+    rules = [CONTEXT_RULES[kind] for kind in _ordered(needs)]
+    if any(rule.counterfactuals == EACH for rule in rules):
+        counterfactuals += [Counterfactual(EACH, (i,), (evidences[i],), evidences[i].placement)
+                            for i in present if active[i]]
+        inactive = [i for i in present if not active[i]]
+        skipped.update(inactive)
+        contexts_skipped += len(inactive)
+        if any(rule.decoys for rule in rules) and decoys is not None:
+            for c, own in enumerate(list(counterfactuals)):
+                decoy = decoys[own.rewards[0]]
+                if decoy is not None:  # measured against the context without the evidence
+                    base = 0 if own.placement == "privileged" else c + 1
+                    counterfactuals.append(replace(own, rule=DECOY, placement="privileged", decoy=decoy, base=base))
+            contexts_skipped += sum(decoys[i] is not None for i in inactive)
+    for rule in rules:
+        if rule.counterfactuals == ALL and present:
             if any(active):
                 counterfactuals.append(Counterfactual(ALL, tuple(present), tuple(evidences[i] for i in present),
                                                       "in_prompt"))
@@ -201,8 +226,9 @@ class ReplayPlan:
 
         ``results``: one per :attr:`replayed` group, with ``maps`` ``(C − 1, G, T_g)`` (one per
         counterfactual, in plan order) and ``entropy`` ``(G, T_g)`` (:class:`mrtpo.replay.GroupRelevance`).
-        Returns ``relevance`` ``(B, K, T)``, ``joint_relevance`` / ``entropy`` ``(B, T)`` (on ``device``,
-        0 where not replayed; ``None`` where no ``needs`` kind asks for them) and ``has_evidence``
+        Returns ``relevance`` / ``decoy_relevance`` ``(B, K, T)``, ``joint_relevance`` / ``entropy``
+        ``(B, T)`` (on ``device``, 0 where not replayed; ``None`` where no ``needs`` kind asks for
+        them) and ``has_evidence``
         ``(B, K)`` bool (on the host: the rewards whose own map was computed). ``T`` = ``width``.
         """
         rules = [CONTEXT_RULES[kind] for kind in self.needs]
@@ -212,6 +238,7 @@ class ReplayPlan:
             return torch.zeros(*shape, device=device) if yes else None
 
         relevance = wanted(any(r.counterfactuals == EACH for r in rules), b, k, width)
+        decoy = wanted(any(r.decoys for r in rules), b, k, width)
         joint = wanted(any(r.counterfactuals == ALL for r in rules), b, width)
         entropy = wanted(self.entropy, b, width)
         has_evidence = torch.zeros(b, k, dtype=torch.bool)
@@ -226,9 +253,29 @@ class ReplayPlan:
                 if cf.rule == EACH:
                     relevance[rows, cf.rewards[0], :n] = result.maps[c]
                     has_evidence[rows, cf.rewards[0]] = True
+                elif cf.rule == DECOY:
+                    decoy[rows, cf.rewards[0], :n] = result.maps[c]
                 else:
                     joint[rows, :n] = result.maps[c]
-        return {"relevance": relevance, "joint_relevance": joint, "entropy": entropy, "has_evidence": has_evidence}
+        return {"relevance": relevance, "joint_relevance": joint, "decoy_relevance": decoy, "entropy": entropy,
+                "has_evidence": has_evidence}
+
+
+def choose_decoys(evidences: Sequence[Sequence[Evidence | None]]) -> list[list[Evidence | None]]:
+    """Per group (``evidences``: one ``K`` list per group) and reward, its decoy: that reward's evidence
+    in the next group of the batch (cyclically) whose evidence has the same placement and a different
+    text. ``None`` where no other group has one (one prompt, or an evidence every prompt shares, such
+    as a fixed format rule): that reward's contrastive map is then its own map."""
+    decoys = []
+    for g, own in enumerate(evidences):
+        row: list[Evidence | None] = []
+        for i, evidence in enumerate(own):
+            others = (evidences[(g + step) % len(evidences)][i] for step in range(1, len(evidences)))
+            row.append(None if evidence is None else next(
+                (o for o in others if o is not None and o.placement == evidence.placement and o.text != evidence.text),
+                None))
+        decoys.append(row)
+    return decoys
 
 
 def plan_replays(groups: Sequence[list[int]], evidences: Sequence[Sequence[Evidence | None]],
@@ -236,22 +283,28 @@ def plan_replays(groups: Sequence[list[int]], evidences: Sequence[Sequence[Evide
                  nonzero: Sequence[Sequence[bool]] | None = None) -> ReplayPlan:
     """The plan of a batch: ``groups`` (:func:`group_rows`), ``evidences`` one ``K`` list per group,
     ``lengths`` ``(B,)`` completion lengths, ``nonzero`` ``(B, K)`` whether each completion's reward
-    coefficient ``ω_k Â[j,k]`` is non-zero (``None``: all are, every map is computed)."""
+    coefficient ``ω_k Â[j,k]`` is non-zero (``None``: all are, every map is computed). Kinds with
+    ``decoys`` take each group's decoys from the batch's other groups (:func:`choose_decoys`)."""
     size = len(lengths)
     k = len(evidences[0]) if evidences else 0
+    kinds = _ordered(needs)
+    decoys = choose_decoys(evidences) if any(CONTEXT_RULES[kind].decoys for kind in kinds) else [None] * len(groups)
     plans = []
-    for rows, group_evidences in zip(groups, evidences):
+    for rows, group_evidences, group_decoys in zip(groups, evidences, decoys):
         active = [True] * k if nonzero is None else [any(nonzero[j][i] for j in rows) for i in range(k)]
         width = max((lengths[j] for j in rows), default=0)
-        plans.append(plan_group(rows, group_evidences, active, needs, width))
-    return ReplayPlan(_ordered(needs), plans, size, k)
+        plans.append(plan_group(rows, group_evidences, active, needs, width, group_decoys))
+    return ReplayPlan(kinds, plans, size, k)
 
 
 def counterfactual_texts(group: GroupPlan, prompt: str | list[dict[str, Any]], names: Sequence[str],
                          render: Callable[[list[dict[str, Any]]], str], *, header: str = DEFAULT_PRIVILEGED_HEADER,
                          example_id: str = "?") -> list[str]:
-    """The prompt string of each of the group's counterfactuals (:func:`mrtpo.counterfactual.counterfactual_text`)."""
-    return [counterfactual_text(prompt, list(cf.evidences), render, header, verifiers=[names[i] for i in cf.rewards],
+    """The prompt string of each of the group's counterfactuals (:func:`mrtpo.counterfactual.counterfactual_text`;
+    a :data:`DECOY`'s: :func:`mrtpo.counterfactual.decoy_text`)."""
+    return [decoy_text(prompt, cf.evidences[0], cf.decoy, render, header, verifier=names[cf.rewards[0]],
+                       example_id=example_id) if cf.rule == DECOY else
+            counterfactual_text(prompt, list(cf.evidences), render, header, verifiers=[names[i] for i in cf.rewards],
                                 example_id=example_id)
             for cf in group.counterfactuals]
 
@@ -274,7 +327,7 @@ def example_contexts(group: GroupPlan, example: Example, names: Sequence[str], r
 
 
 __all__ = [
-    "ALL", "CONTEXT_RULES", "CREDIT_FIELDS", "EACH", "ContextRule", "Counterfactual", "GroupPlan", "ReplayPlan",
-    "context_rule", "counterfactual_texts", "example_contexts", "group_contexts", "group_rows", "needs_evidence",
-    "plan_group", "plan_replays",
+    "ALL", "CONTEXT_RULES", "CREDIT_FIELDS", "DECOY", "EACH", "ContextRule", "Counterfactual", "GroupPlan",
+    "ReplayPlan", "choose_decoys", "context_rule", "counterfactual_texts", "example_contexts", "group_contexts",
+    "group_rows", "needs_evidence", "plan_group", "plan_replays",
 ]

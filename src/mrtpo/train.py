@@ -264,7 +264,8 @@ def _parser() -> argparse.ArgumentParser:
     # the value the run then gets.
     p.add_argument("--task", help=f"task to train on: {', '.join(TASK_NAMES)}, one a plugin registers (MRTPO_PLUGINS), "
                                   f"or a task file path/to/task.yaml (default: {run.task})")
-    p.add_argument("--method", help=f"credit method: grpo, gdpo, mrtpo, contrast, entropy "
+    p.add_argument("--method", help=f"credit method: grpo, gdpo, mrtpo, mrtpo-contrastive, contrast, entropy; "
+                                    f"controls mrtpo-shuffled, mrtpo-swapped "
                                     f"(default: {TRAIN_DEFAULTS['method']})")
     p.add_argument("--config", action="append", default=[], metavar="YAML", help="config file (repeatable; later wins)")
     p.add_argument("--model", help=f"preset, model folder, .gguf file or hub id (default: {run.model})")

@@ -87,7 +87,7 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
                         ["per_reward", *(get_method(m).needs for m in methods)])
     (group,) = plan.groups
     contexts = example_contexts(group, example, names, render, ids_of)
-    replays = [ReplayGroup(contexts, group.placements, comps, lengths)] if group.replayed else []
+    replays = [ReplayGroup(contexts, group.placements, comps, lengths, group.bases)] if group.replayed else []
     maps = plan.scatter(batch_relevance(model, replays, kind=kind, with_entropy=plan.entropy), t)
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
     batch = CreditBatch(rewards, g, mask, **maps)

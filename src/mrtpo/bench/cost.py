@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             if not group.replayed:
                 continue
             contexts = example_contexts(group, ex, names, render, tokenize)
-            replays.append(ReplayGroup(contexts, group.placements, comps[:, :group.width], lengths))
+            replays.append(ReplayGroup(contexts, group.placements, comps[:, :group.width], lengths, group.bases))
             comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
             naive += [(list(ctx) + c, len(c) + 1) for ctx in contexts for c in comp_lists]
             distinct = [list(ctx) for ctx in dict.fromkeys(tuple(ctx) for ctx in contexts)]

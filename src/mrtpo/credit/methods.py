@@ -22,7 +22,7 @@ from mrtpo.credit.advantages import gdpo_advantages, grpo_advantages, token_adva
 from mrtpo.credit.weights import relevance_weights
 
 #: What a method's weights read; a new kind also needs its row in ``mrtpo.replay_plan.CONTEXT_RULES``.
-NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy")
+NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy", "contrastive")
 #: Sequence-level advantages a method's token advantages average to (per completion, over its mask).
 SEQUENCE_ADVANTAGES: tuple[str, ...] = ("grpo", "gdpo")
 
@@ -56,6 +56,7 @@ class CreditBatch:
     relevance: Tensor | None = None  # (N, K, T) per-reward relevance (method needs "per_reward")
     has_evidence: Tensor | Sequence[bool] | None = None  # (K,) or (N, K): which rewards have a replay
     joint_relevance: Tensor | None = None  # (N, T) all evidence at once (needs "joint")
+    decoy_relevance: Tensor | None = None  # (N, K, T) each reward's map under another prompt's evidence ("contrastive")
     entropy: Tensor | None = None  # (N, T) the policy's own entropy (needs "entropy")
     # When set, ``rewards`` is the global batch (all processes) and every other tensor covers only
     # these rows of it; group and batch statistics stay global, so two processes match one.
@@ -178,16 +179,23 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
     """Token weights ``(N, K, T)`` a method with these ``needs`` gives each reward (1 = uniform).
 
     ``per_reward``: each reward's own relevance where it has evidence (with its own ``reward_lam``
-    entry when set, so one reward may concentrate while another stays near uniform); ``joint`` / ``entropy``:
+    entry when set, so one reward may concentrate while another stays near uniform); ``contrastive``:
+    the same on ``max(relevance − decoy_relevance, 0)``, what the response reacts to in this prompt's
+    evidence beyond what it reacts to in any evidence of that reward; ``joint`` / ``entropy``:
     one shared map for every reward; ``none``: uniform. Masked positions are 0.
     """
     n, k = batch.local_rewards().shape
     t = batch.mask.shape[1]
     weights = batch.mask.to(torch.float32).unsqueeze(1).expand(n, k, t).clone()
-    if needs == "per_reward":
-        relevance = _require(batch.relevance, "per-reward relevance (N, K, T)", "per_reward")
+    if needs in ("per_reward", "contrastive"):
+        relevance = _require(batch.relevance, "per-reward relevance (N, K, T)", needs)
         if relevance.shape != (n, k, t):
             raise ValueError(f"relevance must be (N={n}, K={k}, T={t}), got {tuple(relevance.shape)}")
+        if needs == "contrastive":
+            decoy = _require(batch.decoy_relevance, "each reward's map under a decoy evidence (N, K, T)", needs)
+            if decoy.shape != (n, k, t):
+                raise ValueError(f"decoy_relevance must be (N={n}, K={k}, T={t}), got {tuple(decoy.shape)}")
+            relevance = (relevance - decoy.to(relevance.dtype)).clamp_min(0.0)
         has = _evidence_rows(batch, n, k)
         lams = _per_reward_lam(config, k)
         for i in range(k):
@@ -259,6 +267,12 @@ def _contrast(batch: CreditBatch, config: CreditConfig) -> Tensor:
 @register_method("entropy", needs="entropy", description="GDPO on one map from the policy's own entropy")
 def _entropy(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _weighted(batch, config, "entropy")
+
+
+@register_method("mrtpo-contrastive", needs="contrastive",
+                 description="MRTPO on each reward's map less its map under another prompt's evidence")
+def _mrtpo_contrastive(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    return _weighted(batch, config, "contrastive")
 
 
 @register_method("mrtpo-shuffled", needs="per_reward", transform=shuffle_within_responses,

@@ -40,7 +40,9 @@ ROW_KEYS = frozenset({
 class MRTPOConfig(GRPOConfig):
     """GRPOConfig plus the credit-assignment knobs of docs/design.md#settings (validated in ``__post_init__``)."""
 
-    method: str = field(default="mrtpo", metadata={"help": "credit method: grpo, gdpo, mrtpo, contrast, entropy"})
+    method: str = field(default="mrtpo", metadata={"help": (
+        "credit method: grpo, gdpo, mrtpo, mrtpo-contrastive, contrast, entropy; "
+        "controls: mrtpo-shuffled, mrtpo-swapped")})
     relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})
     lam: float = field(default=DEFAULT_LAM, metadata={"help": (
         "weight interpolation: 0 uniform, 1 proportional to relevance (the paper's: lam 1, w_max None)")})

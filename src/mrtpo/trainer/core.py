@@ -253,7 +253,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             contexts = [base_ids[group.rows[0]]] + [self._tokenize(row["prompt"], text)
                                                      for text in self._counterfactual_texts(row, group)]
             replays.append(ReplayGroup(contexts, group.placements, completion_ids[group.rows, :group.width],
-                                       lengths[group.rows]))
+                                       lengths[group.rows], group.bases))
         micro_batch, per_pass = self.args.replay_micro_batch, self.args.replay_groups_per_pass
         packed = self.args.packed_sequences and can_pack(self.model)
         planned = replay_forward_calls([r.contexts for r in replays], [len(r.lengths) for r in replays],
