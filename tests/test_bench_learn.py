@@ -298,6 +298,18 @@ def test_changed_settings_or_controlled_keys_are_refused(bench, tiny_dir, capsys
     assert "unknown method(s) nope" in capsys.readouterr().err
 
 
+def test_a_weight_shape_change_keeps_finished_runs_of_methods_that_do_not_replay(bench, tiny_dir, capsys):
+    """gdpo does not read lam / w_max: its finished runs stay valid when they change (a new default
+    shape); mrtpo's runs, which read them, are refused, naming the keys."""
+    capsys.readouterr()
+    assert main([*_argv(tiny_dir, bench, "lam=0.5", "w_max=1.5"), "--methods", "gdpo", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": finished") == len(SEEDS) and "to do" not in out
+    assert main([*_argv(tiny_dir, bench, "lam=0.5"), "--methods", "mrtpo", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "mrtpo-seed0 finished with other settings" in err and "vs 0.5" in err and "lam: " in err
+
+
 def test_dry_run_lists_the_plan_without_training(tiny_dir, tmp_path, capsys):
     out = tmp_path / "plan"
     assert main([*_argv(tiny_dir, out), "--dry-run"]) == 0

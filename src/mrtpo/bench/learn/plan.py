@@ -28,6 +28,10 @@ FINISHED = "finished.json"
 CONTROLLED_KEYS = ("method", "seed", "output_dir", "task")
 #: Keys that may differ between the runs of one benchmark (everything else must be identical).
 PER_RUN_KEYS = ("method", "seed", "output_dir")
+#: Settings only a method that replays reads (the weight shape, the relevance): a finished run of a
+#: method with ``needs="none"`` (gdpo, grpo) stays valid when they change, e.g. with the default shape.
+REPLAY_ONLY_KEYS = ("lam", "reward_lam", "w_max", "relevance", "relevance_chunk_size", "relevance_top_k",
+                    "privileged_header", "replay_micro_batch", "replay_groups_per_pass")
 #: Evaluation settings a finished run must share with the current invocation to be kept.
 EVAL_KEYS = ("eval_every", "eval_size", "eval_batch_size", "eval_max_new_tokens")
 #: Keys of a preset's ``bench:`` section.
@@ -236,14 +240,20 @@ def run_status(plans: Mapping[tuple[str, int], Any], out: Path, eval_settings: M
     """``{(method, policy, seed): "finished" | "partial" | "to do"}``.
 
     A finished run (its folder has :data:`FINISHED`) must have used the settings planned now and
-    the same evaluation settings; otherwise :class:`BenchError` names the differing keys.
+    the same evaluation settings (the :data:`REPLAY_ONLY_KEYS` only where its method replays);
+    otherwise :class:`BenchError` names the differing keys.
     """
+    from mrtpo.credit import get_method
+
     status = {}
     for (method, policy, seed), config in plans.items():
         done = run_dir(out, method, seed, policy) / FINISHED
         if done.is_file():
             saved = json.loads(done.read_text())
-            differs = settings_diff(saved.get("settings", {}), stable_settings(config))
+            planned = stable_settings(config)
+            if get_method(config.to_flat()["method"]).needs == "none":
+                planned = {k: v for k, v in planned.items() if k not in REPLAY_ONLY_KEYS}
+            differs = settings_diff(saved.get("settings", {}), planned)
             differs += settings_diff(saved.get("eval", {}), {k: eval_settings[k] for k in EVAL_KEYS})
             if differs:
                 raise BenchError(f"{done.parent} finished with other settings ({'; '.join(differs[:6])}). "
