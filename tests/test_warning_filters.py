@@ -37,3 +37,14 @@ def test_the_filters_name_the_message_and_the_module():
                                module="transformers.modeling_utils")
     assert [(str(w.message), w.filename) for w in caught] == [(hidden, "mine.py"),
                                                                ("`use_cache` is deprecated", "modeling_utils.py")]
+
+
+def test_the_offline_adapter_vocabulary_warning_is_hidden_only_from_peft():
+    message = ("Could not find a config file in Qwen/Qwen2.5-Coder-0.5B-Instruct - will assume that the vocabulary "
+               "was not modified.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        filter_dependency_warnings()
+        warnings.warn_explicit(message, UserWarning, "save_and_load.py", 313, module="peft.utils.save_and_load")
+        warnings.warn_explicit(message, UserWarning, "other.py", 1, module="peft.other")
+    assert [w.filename for w in caught] == ["other.py"]
