@@ -77,6 +77,10 @@ def test_weights_follow_the_method(tiny, sql, one_thread):
     torch.testing.assert_close(default.mean(1), torch.ones(3))
     joint = explain(model, tok, task, example, ids, WRONG_TABLE, method="contrast")["weights"]
     torch.testing.assert_close(joint[0], joint[1])  # one shared map for every reward
+    # one example has no other prompt to take a decoy from: the contrastive weights are MRTPO's
+    contrastive = explain(model, tok, task, example, ids, WRONG_TABLE, method="mrtpo-contrastive", lam=1.0,
+                          w_max=None)["weights"]
+    torch.testing.assert_close(contrastive, w)
 
 
 def test_greedy_completion_when_none_is_given(tiny_dir, tmp_path, capsys, one_thread):
