@@ -5,7 +5,7 @@ output folder per (policy, seed) and gives the two-level interval of their diffe
 (:func:`mrtpo.bench.learn.stats.two_level_interval`: Student-t over the policy means, two-stage bootstrap):
 
     .venv/bin/python scripts/gym_pairs.py runs/tune300/constraints runs/tune300/tradeoff \\
-        --pairs contrastive-bounded,bounded-shuffled [--measure final|heldout|equal_time] [--json out.json]
+        --pairs contrastive:bounded,bounded:shuffled [--measure final|heldout|equal_time] [--json out.json]
 
 One Markdown row per (folder, pair): mean [t interval]; [bootstrap interval], pairs > 0 of pairs.
 """
@@ -44,13 +44,14 @@ def _interval(pair: list[float] | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="bench learn output folders")
-    parser.add_argument("--pairs", required=True, help="comma-separated A-B method pairs (labels as in --methods)")
+    parser.add_argument("--pairs", required=True,
+                        help="comma-separated A:B method pairs (labels as in --methods; a label may hold '-')")
     parser.add_argument("--measure", choices=sorted(MEASURES), default="final")
     parser.add_argument("--json", type=Path, help="also write every interval as JSON")
     args = parser.parse_args()
-    pairs = [tuple(p.split("-", 1)) for p in args.pairs.split(",")]
+    pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     if any(len(p) != 2 for p in pairs):
-        parser.error("--pairs takes A-B entries, e.g. contrastive-bounded")
+        parser.error("--pairs takes A:B entries, e.g. contrastive:bounded")
     rows = []
     print(f"| folder | pair | {args.measure}: mean [t over policies]; [bootstrap] | pairs > 0 |")
     print("|---|---|---:|---:|")
