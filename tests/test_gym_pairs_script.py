@@ -35,3 +35,22 @@ def test_pairs_by_policy_and_seed_with_the_two_level_interval(tmp_path):
     half = 4.302652729911275 * 0.1 / 3 ** 0.5
     assert row["ci95_t"] == pytest.approx([0.2 - half, 0.2 + half])
     assert "| a-1 − nope | not run |" in r.stdout
+
+
+def test_diagnostics_by_hand(tmp_path):
+    runs = []
+    for method, norms, gini in (("gdpo", [0.5, 2.0, 0.7], 0.0), ("mrtpo", [3.0, 2.0, 0.2], 0.6)):
+        folder = tmp_path / f"{method}-policy0-seed0"
+        folder.mkdir()
+        (folder / "config.yaml").write_text("max_grad_norm: 1.0\n")
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
+            {"step": i, "grad_norm": n, "credit/r/gini": gini, "credit/r/half_weight_share": 0.5 - gini / 2})
+            for i, n in enumerate(norms)) + "\n" + json.dumps({"eval_reward": 1.0}) + "\n")
+        runs.append({**run(method, 0, 0, 1.0), "folder": str(folder)})
+    (tmp_path / "comparison.json").write_text(json.dumps({"runs": runs}))
+    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--diagnostics"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    # medians 0.7 and 2.0; one of three steps above 1.0 for gdpo, two of three for mrtpo
+    assert f"| {tmp_path.name} | gdpo | 0.70 | 33% | 0.00 | 0.50 |" in r.stdout
+    assert f"| {tmp_path.name} | mrtpo | 2.00 | 67% | 0.60 | 0.20 |" in r.stdout
