@@ -173,3 +173,31 @@ def test_gym_constraints_trains_with_contrastive_credit(tmp_path):
     for key in ("skip/contexts_replayed", "skip/contexts_skipped"):
         assert first["mrtpo-contrastive"][key] == 2 * first["mrtpo"][key]
     assert first["mrtpo"]["skip/contexts_replayed"] > 0
+
+
+def test_explicit_decoys_replace_the_batch_choice():
+    plan = plan_replays([[0], [1]], [[BRIEF, GOLD], [LONG, OTHER_GOLD]], [2, 2], "contrastive",
+                        decoys=[[None, Evidence("9", "privileged")], [None, None]])
+    assert [[cf.decoy for cf in g.counterfactuals if cf.rule == DECOY] for g in plan.groups] == \
+        [[Evidence("9", "privileged")], []]
+    # kinds without decoys ignore them
+    assert all(cf.rule == EACH for g in plan_replays([[0]], [[BRIEF, GOLD]], [2], "per_reward",
+                                                     decoys=[[LONG, OTHER_GOLD]]).groups for cf in g.counterfactuals)
+
+
+def test_bench_gym_weighs_contrastive_credit_with_the_next_prompts_evidence(tmp_path):
+    """``mrtpo bench gym`` gives each prompt the next prompt's evidence as decoys: on gym-answer the
+    format rule (the same in every prompt) keeps MRTPO's weights, the per-prompt evidence does not."""
+    env = {**os.environ, "MRTPO_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "precision.json"
+    r = subprocess.run([sys.executable, "-m", "mrtpo.cli", "bench", "gym", "--task", "gym-answer", "--task-arg",
+                        "policy={steps: 3, batch_size: 8}", "--prompts", "3", "--group-size", "4",
+                        "--methods", "mrtpo,mrtpo-contrastive", "--out", str(out)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    same = {row["reward"]: [] for row in rows}
+    for row in rows:
+        same[row["reward"]].append(row["lift"]["mrtpo"] == pytest.approx(row["lift"]["mrtpo-contrastive"]))
+    assert same["format"] and all(same["format"])
+    assert not all(same.get("valid", []) + same.get("result", []))

@@ -280,15 +280,20 @@ def choose_decoys(evidences: Sequence[Sequence[Evidence | None]]) -> list[list[E
 
 def plan_replays(groups: Sequence[list[int]], evidences: Sequence[Sequence[Evidence | None]],
                  lengths: Sequence[int], needs: str | Sequence[str],
-                 nonzero: Sequence[Sequence[bool]] | None = None) -> ReplayPlan:
+                 nonzero: Sequence[Sequence[bool]] | None = None,
+                 decoys: Sequence[Sequence[Evidence | None]] | None = None) -> ReplayPlan:
     """The plan of a batch: ``groups`` (:func:`group_rows`), ``evidences`` one ``K`` list per group,
     ``lengths`` ``(B,)`` completion lengths, ``nonzero`` ``(B, K)`` whether each completion's reward
     coefficient ``ω_k Â[j,k]`` is non-zero (``None``: all are, every map is computed). Kinds with
-    ``decoys`` take each group's decoys from the batch's other groups (:func:`choose_decoys`)."""
+    ``decoys`` take each group's decoys from the batch's other groups (:func:`choose_decoys`), or
+    from ``decoys`` (one ``K`` list per group) where the caller replays one prompt at a time."""
     size = len(lengths)
     k = len(evidences[0]) if evidences else 0
     kinds = _ordered(needs)
-    decoys = choose_decoys(evidences) if any(CONTEXT_RULES[kind].decoys for kind in kinds) else [None] * len(groups)
+    if not any(CONTEXT_RULES[kind].decoys for kind in kinds):
+        decoys = [None] * len(groups)
+    elif decoys is None:
+        decoys = choose_decoys(evidences)
     plans = []
     for rows, group_evidences, group_decoys in zip(groups, evidences, decoys):
         active = [True] * k if nonzero is None else [any(nonzero[j][i] for j in rows) for i in range(k)]

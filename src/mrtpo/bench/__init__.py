@@ -63,10 +63,11 @@ class WeighedGroup:
 
 
 def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, group_size: int, max_new_tokens: int,
-                     config=None, kind: str = "js") -> WeighedGroup:
+                     config=None, kind: str = "js", decoys=None) -> WeighedGroup:
     """Sample ``group_size`` completions of ``example``, replay them once under every context the
     methods need (:mod:`mrtpo.replay_plan`; always each reward's counterfactual) and give every
-    method's token weights."""
+    method's token weights. ``decoys``: each reward's decoy evidence (another example's), for the
+    methods that contrast with one; ``None``: no decoy, their maps are the plain ones."""
     import torch
 
     from mrtpo.credit import CreditBatch, CreditConfig, get_method
@@ -84,7 +85,8 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
                             for t in texts])
     g, t = comps.shape
     plan = plan_replays([list(range(g))], [[v.evidence(example) for v in verifiers]], lengths.tolist(),
-                        ["per_reward", *(get_method(m).needs for m in methods)])
+                        ["per_reward", *(get_method(m).needs for m in methods)],
+                        decoys=None if decoys is None else [list(decoys)])
     (group,) = plan.groups
     contexts = example_contexts(group, example, names, render, ids_of)
     replays = [ReplayGroup(contexts, group.placements, comps, lengths, group.bases)] if group.replayed else []

@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.config import parse_overrides
     from mrtpo.counterfactual import prompt_renderer
     from mrtpo.models import load_policy
+    from mrtpo.replay_plan import choose_decoys
     from mrtpo.sampling import sample_group
     from mrtpo.tasks import get_task
 
@@ -142,9 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     config = CreditConfig(lam=args.lam)
 
     rows, conditioning = [], defaultdict(lambda: {"with": [], "without": [], "spread": []})
-    for ex in tqdm(task.load("train", args.prompts), desc=f"precision · {args.task}", unit="prompt"):
+    examples = list(task.load("train", args.prompts))
+    evidences = [[v.evidence(ex) for v in verifiers] for ex in examples]
+    for i, ex in enumerate(tqdm(examples, desc=f"precision · {args.task}", unit="prompt")):
+        # a contrasting method's decoys come from the next prompt, as from the next group of a training batch
+        decoys = choose_decoys([evidences[i], evidences[(i + 1) % len(examples)]])[0]
         group = sample_and_weigh(model, tok, ex, verifiers, render, methods, args.group_size, max_new, config,
-                                 kind=args.relevance)
+                                 kind=args.relevance, decoys=decoys)
         texts, lengths, rewards, weights = group.texts, group.lengths, group.rewards, group.weights
         for c, name in enumerate(group.present):
             k = names.index(name)
