@@ -36,52 +36,51 @@ ROW_KEYS = frozenset({
 })
 
 
+def _setting(default, help_text: str):
+    """A config field with its one-line help (what ``--help`` and ``mrtpo train --list-keys`` print)."""
+    return field(default=default, metadata={"help": help_text})
+
+
 @dataclass
 class MRTPOConfig(GRPOConfig):
     """GRPOConfig plus the credit-assignment knobs of docs/design.md#settings (validated in ``__post_init__``)."""
 
-    method: str = field(default="mrtpo", metadata={"help": (
+    method: str = _setting("mrtpo", (
         "credit method: grpo, gdpo, mrtpo, mrtpo-contrastive, contrast, entropy; "
-        "controls: mrtpo-shuffled, mrtpo-swapped")})
-    relevance: str = field(default="js", metadata={"help": "relevance of a replay: js (default), kl or logratio"})
-    lam: float = field(default=DEFAULT_LAM, metadata={"help": (
-        "weight interpolation: 0 uniform, 1 proportional to relevance (the paper's: lam 1, w_max None)")})
-    reward_lam: list[float] | None = field(default=None, metadata={"help": (
+        "controls: mrtpo-shuffled, mrtpo-swapped"))
+    relevance: str = _setting("js", "relevance of a replay: js (default), kl or logratio")
+    lam: float = _setting(DEFAULT_LAM, (
+        "weight interpolation: 0 uniform, 1 proportional to relevance (the paper's: lam 1, w_max None)"))
+    reward_lam: list[float] | None = _setting(None, (
         "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); "
-        "None: lam for all")})
-    w_max: float | None = field(default=DEFAULT_W_MAX, metadata={"help": (
-        "cap on one token's weight (then renormalised); None: no cap")})
-    relevance_chunk_size: int | None = field(default=None, metadata={"help": (
-        "positions per relevance chunk; None: auto")})
-    relevance_top_k: int | None = field(default=None, metadata={"help": (
-        "top-k approximation of the JS sum; None: exact")})
-    replay_micro_batch: int | None = field(default=None, metadata={"help": (
-        "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group")})
-    replay_groups_per_pass: int | None = field(default=1, metadata={"help": (
+        "None: lam for all"))
+    w_max: float | None = _setting(DEFAULT_W_MAX, "cap on one token's weight (then renormalised); None: no cap")
+    relevance_chunk_size: int | None = _setting(None, "positions per relevance chunk; None: auto")
+    relevance_top_k: int | None = _setting(None, "top-k approximation of the JS sum; None: exact")
+    replay_micro_batch: int | None = _setting(None, (
+        "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group"))
+    replay_groups_per_pass: int | None = _setting(1, (
         "prompt groups replayed in one pass of three forward calls (fewer calls; logits memory grows with it); "
-        "None: all of a step's groups")})
-    skip_zero_advantage: bool = field(default=True, metadata={"help": (
+        "None: all of a step's groups"))
+    skip_zero_advantage: bool = _setting(True, (
         "leave out the replays and update rows that cannot move the policy (exact); false runs them anyway, "
-        "e.g. to time whole steps on a random-weight model whose rewards are all 0")})
-    privileged_header: str = field(default=DEFAULT_PRIVILEGED_HEADER, metadata={"help": (
-        "header above appended privileged evidence")})
-    credit_batch_norm: bool = field(default=True, metadata={"help": (
-        "normalise sequence scores over the global batch (GDPO step 3)")})
-    credit_samples: int = field(default=2, metadata={"help": (
-        "completions per generation step saved for the token-credit view")})
-    shared_prompt_generation: bool = field(default=True, metadata={"help": (
-        "prefill each distinct prompt once before sampling its group (transformers generation, text only)")})
-    fast_generation: bool = field(default=True, metadata={"help": (
+        "e.g. to time whole steps on a random-weight model whose rewards are all 0"))
+    privileged_header: str = _setting(DEFAULT_PRIVILEGED_HEADER, "header above appended privileged evidence")
+    credit_batch_norm: bool = _setting(True, "normalise sequence scores over the global batch (GDPO step 3)")
+    credit_samples: int = _setting(2, "completions per generation step saved for the token-credit view")
+    shared_prompt_generation: bool = _setting(True, (
+        "prefill each distinct prompt once before sampling its group (transformers generation, text only)"))
+    fast_generation: bool = _setting(True, (
         "sample with mrtpo.fast_decode's KV-cache loop instead of transformers' generate for Qwen2 / Llama "
-        "models under plain temperature sampling (same distribution, another random stream)")})
-    shared_prompt_update: bool = field(default=True, metadata={"help": (
+        "models under plain temperature sampling (same distribution, another random stream)"))
+    shared_prompt_update: bool = _setting(True, (
         "run each distinct prompt once in the update's forward and the completions on its KV cache "
-        "(same loss and gradient; not under activation checkpointing, which drops the cache)")})
-    packed_sequences: bool = field(default=False, metadata={"help": (
+        "(same loss and gradient; not under activation checkpointing, which drops the cache)"))
+    packed_sequences: bool = _setting(False, (
         "in the update's forward, pack each prompt's completions behind it in one row under a block mask "
-        "instead of padding each to the longest (mrtpo.packing: same values, fewer tokens where lengths vary)")})
-    multi_objective_aggregation: str | None = field(default=None, metadata={"help": (
-        "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused")})
+        "instead of padding each to the longest (mrtpo.packing: same values, fewer tokens where lengths vary)"))
+    multi_objective_aggregation: str | None = _setting(None, (
+        "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
