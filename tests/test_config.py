@@ -3,7 +3,8 @@
 import pytest
 import yaml
 
-from mrtpo.config import TRAIN_DEFAULTS, ConfigError, load_config, write_config
+from mrtpo.config import TRAIN_DEFAULTS, ConfigError, load_config
+from mrtpo.saved_config import write_config
 
 
 def test_unknown_key_names_it_suggests_the_closest_and_says_where_the_list_is(tmp_path):

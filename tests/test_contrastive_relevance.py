@@ -14,7 +14,8 @@ import torch
 
 from mrtpo.counterfactual import EvidenceNotFoundError, counterfactual_text, decoy_text
 from mrtpo.credit import CreditBatch, CreditConfig, compute_advantages, get_method, js_distance
-from mrtpo.replay import ReplayGroup, batch_relevance, completion_logits
+from mrtpo.model_calls import completion_logits
+from mrtpo.replay import ReplayGroup, batch_relevance
 from mrtpo.replay_plan import DECOY, EACH, choose_decoys, plan_group, plan_replays
 from mrtpo.testing import tiny_policy
 from mrtpo.verifiers import Evidence

@@ -354,7 +354,7 @@ def test_update_rows_are_padded_to_the_other_process_and_untouched_alone():
     """A process with 3 moving rows of 6, next to one that wants 5, keeps its 3 moving rows and its
     first 2 zero rows, in order; 2 rows (one per process) are left out. Alone it keeps the 3 moving
     rows without any collective; a micro-batch without zero rows passes through unchanged."""
-    from mrtpo.update_rows import rows_that_move
+    from mrtpo.trainer.update_rows import rows_that_move
 
     zero = [False, True, True, False, True, False]
     kept, left_out = rows_that_move(_micro_batch(zero), torch.tensor(zero), _TwoProcesses([5, 6]))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mrtpo.model_calls import ForwardCounter
 from mrtpo.packing import pack, packed_logps
-from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, replay_forward_calls
+from mrtpo.replay import ReplayGroup, batch_relevance
+from mrtpo.replay_passes import replay_forward_calls
 from mrtpo.testing import tiny_policy
 from test_shared_prompt import (
     G,

@@ -11,7 +11,8 @@ from mrtpo.counterfactual import (
     prompt_renderer,
     remove_span,
 )
-from mrtpo.replay import completion_logits, replay_completion
+from mrtpo.model_calls import completion_logits
+from mrtpo.replay import replay_completion
 from mrtpo.testing import tiny_policy
 from mrtpo.verifiers import Evidence, Example
 
@@ -107,7 +108,8 @@ def test_replay_names_the_verifier_when_evidence_is_missing(policy):
 
 def test_group_context_logits_match_plain_forwards(policy):
     """Shared-prefix KV reuse + batched right-padded completions = one plain forward per pair."""
-    from mrtpo.replay import ForwardCounter, group_context_logits
+    from mrtpo.model_calls import ForwardCounter
+    from mrtpo.replay import group_context_logits
 
     model, tok = policy
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -140,7 +142,9 @@ def test_identical_contexts_give_identical_logits_through_the_cache_path(policy)
 @pytest.mark.parametrize("micro_batch", [1, 2])
 def test_group_relevance_in_micro_batches_equals_one_pass(policy, micro_batch):
     """Replaying a group a few completions at a time changes the memory, not the maps."""
-    from mrtpo.replay import ForwardCounter, group_relevance, plan_passes
+    from mrtpo.model_calls import ForwardCounter
+    from mrtpo.replay import group_relevance
+    from mrtpo.replay_passes import plan_passes
 
     model, tok = policy
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -190,7 +194,8 @@ def test_grouped_replay_through_a_lora_model_matches_plain_forwards():
     """The KV-shared replay through PEFT (and a DDP-style ``.module`` wrapper) passes the cache under
     the model's own keyword: its logits and relevance equal plain forwards of each pair."""
     from mrtpo.credit import js_distance
-    from mrtpo.replay import _cache_keyword, group_context_logits, group_relevance
+    from mrtpo.model_calls import cache_keyword
+    from mrtpo.replay import group_context_logits, group_relevance
 
     peft_model, tok = lora_policy_refusing_past_key_values()
     plain_base, _ = tiny_policy(seed=0)
@@ -211,7 +216,7 @@ def test_grouped_replay_through_a_lora_model_matches_plain_forwards():
             return self.module(*args, **kwargs)
 
     for wrapped in (peft_model, DDPLike(peft_model)):
-        assert _cache_keyword(wrapped) == "cache"
+        assert cache_keyword(wrapped) == "cache"
         got = dict(group_context_logits(wrapped, contexts, padded))
         for c, ctx in enumerate(contexts):
             for g, text in enumerate(texts):
@@ -237,7 +242,9 @@ def test_grouped_replay_through_a_lora_model_matches_plain_forwards():
 ])
 def test_group_forward_calls_counts_what_the_replay_makes(policy, texts, completion_length):
     """The trainer agrees on forward calls across ranks before replaying: the count must be exact."""
-    from mrtpo.replay import ForwardCounter, group_context_logits, group_forward_calls
+    from mrtpo.model_calls import ForwardCounter
+    from mrtpo.replay import group_context_logits
+    from mrtpo.replay_passes import group_forward_calls
 
     model, tok = policy
     contexts = [tok(x, add_special_tokens=False)["input_ids"] for x in texts]
@@ -256,7 +263,7 @@ def test_shared_lengths_read_the_original_up_to_each_departure():
     """Hand-made token ids: a late removal shares the original up to the cut, an appended reference
     shares it all but the last token, an early departure shares nothing, and every context keeps
     its last token for the completions."""
-    from mrtpo.replay import group_forward_calls, shared_lengths
+    from mrtpo.replay_passes import group_forward_calls, shared_lengths
 
     original = [1, 2, 3, 4, 5, 6]
     removed_late = [1, 2, 3, 5, 6]            # departs at index 3
@@ -281,7 +288,9 @@ def test_replay_masks_the_trunk_after_each_departure(policy, texts):
     """Contexts departing from the original early, late or after its end each see exactly their own
     tokens: the logits equal one plain forward per (context, completion) pair, and the contexts'
     call runs only the departed tokens, never the whole prompt again."""
-    from mrtpo.replay import ForwardCounter, group_context_logits, shared_lengths
+    from mrtpo.model_calls import ForwardCounter
+    from mrtpo.replay import group_context_logits
+    from mrtpo.replay_passes import shared_lengths
 
     model, tok = policy
     contexts = [tok(x, add_special_tokens=False)["input_ids"] for x in texts]
@@ -309,7 +318,7 @@ def test_replay_masks_the_trunk_after_each_departure(policy, texts):
 def test_plan_passes_packs_groups_by_count_and_completions():
     """Hand-made sizes: one group per pass by default, a group split by the micro-batch continues in
     the next pass, any number of groups when ``groups_per_pass`` is None, empty groups take no room."""
-    from mrtpo.replay import plan_passes
+    from mrtpo.replay_passes import plan_passes
 
     s = slice
     assert plan_passes([4, 4]) == [[(0, s(0, 4))], [(1, s(0, 4))]]
@@ -353,7 +362,9 @@ def replay_groups(tok):
 def test_groups_sharing_a_pass_give_each_groups_own_maps(policy, micro_batch, groups_per_pass):
     """Several groups in one pass of three forward calls (left-padded trunks, each row masked to its
     own group) give the maps of replaying each group alone, and the planned call count is exact."""
-    from mrtpo.replay import ForwardCounter, batch_relevance, group_relevance, replay_forward_calls
+    from mrtpo.model_calls import ForwardCounter
+    from mrtpo.replay import batch_relevance, group_relevance
+    from mrtpo.replay_passes import replay_forward_calls
 
     model, tok = policy
     groups = replay_groups(tok)
@@ -377,7 +388,8 @@ def test_groups_sharing_a_pass_give_each_groups_own_maps(policy, micro_batch, gr
 def test_a_shared_pass_equals_plain_forwards(policy):
     """Every (group, context, completion) logit of one shared pass equals one plain forward of that
     pair alone: no row sees another group's prompt or its pads."""
-    from mrtpo.replay import ForwardCounter, pass_context_logits
+    from mrtpo.model_calls import ForwardCounter
+    from mrtpo.replay import pass_context_logits
 
     model, tok = policy
     groups = replay_groups(tok)
@@ -419,7 +431,7 @@ def test_autocast_outputs_drops_the_fp32_copy_of_mixed_precision_logits():
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from mrtpo.replay import autocast_outputs
+    from mrtpo.model_calls import autocast_outputs
 
     model, _ = tiny_policy(seed=0)
     AcceleratorState._reset_state(True)  # a process-wide singleton: earlier tests set no mixed precision

@@ -5,7 +5,8 @@ import pytest
 import torch
 import yaml
 
-from mrtpo.config import load_config, write_config
+from mrtpo.config import load_config
+from mrtpo.saved_config import write_config
 
 
 def _cpu_machine(monkeypatch, flags=frozenset({"avx512_bf16"})):

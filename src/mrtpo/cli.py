@@ -1,6 +1,6 @@
 """The ``mrtpo`` command line. Each command lives in its own module with a ``main(argv)``::
 
-    mrtpo train    --task <toolcall|instructions|sql> --method <grpo|gdpo|mrtpo|contrast|entropy>
+    mrtpo train    --task <name|task.yaml> --method <name>  (`mrtpo train --help` lists both registries)
     mrtpo sft      --task toolcall | --data pairs.jsonl    (supervised warm start, saved as a model folder)
     mrtpo eval     --task <...> --model <preset|dir|checkpoint>
     mrtpo explain  --task <...> --completion <text>      (token-credit view of one pair)

@@ -42,7 +42,6 @@ __all__ = [
     "parse_overrides",
     "read_yaml",
     "valid_keys",
-    "write_config",
 ]
 
 
@@ -458,17 +457,3 @@ def _validate_trainer(kwargs: dict[str, Any]) -> None:
             raise ConfigError(f"per_device_train_batch_size x {steps} x processes ({size} x {per_step} x {processes}) "
                               f"must be divisible by num_generations ({value('num_generations')}): "
                               "a generation batch holds whole prompt groups")
-
-
-def write_config(config: RunConfig, path: str | os.PathLike) -> Path:
-    """Write ``config.yaml``: run settings, then every MRTPOConfig field, as used; what the machine
-    decided (``use_cpu``, the CPU's dtype) only as comments (:mod:`mrtpo.saved_config`)."""
-    from mrtpo.saved_config import config_text
-
-    path = Path(path)
-    text = config_text(config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # atomic: a crash leaves the old file or the new one, never half of one
-    return path

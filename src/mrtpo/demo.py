@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, prompt_renderer
     from mrtpo.credit import DEFAULT_LAM, DEFAULT_W_MAX, CreditBatch, CreditConfig, compute_advantages, get_method
     from mrtpo.models import load_policy
-    from mrtpo.replay import ReplayGroup, batch_relevance
+    from mrtpo.replay import run_replay_plan
     from mrtpo.replay_plan import example_contexts, plan_replays
     from mrtpo.report.token_view import CompletionView, CreditRow, render_html
     from mrtpo.sampling import sample_group
@@ -97,11 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_replays([list(range(len(completions)))], [evidences], lengths.tolist(), credit.needs)
     (group,) = plan.groups
     steps.set_postfix_str(f"replaying the group ({1 + len(group.counterfactuals)} contexts)")
-    replays = [ReplayGroup(example_contexts(group, example, names, render, ids_of), group.placements, sampled, lengths,
-                           group.bases)]
-    results = batch_relevance(model, replays if group.replayed else [], temperature=args.temperature,
-                              with_entropy=plan.entropy)
-    maps = plan.scatter(results, t_max)
+    maps = run_replay_plan(model, plan, lambda g: example_contexts(g, example, names, render, ids_of), sampled,
+                           lengths, temperature=args.temperature)
     mask = (torch.arange(t_max).unsqueeze(0) < lengths.view(-1, 1)).float()
     relevance = maps["relevance"]
     steps.update()

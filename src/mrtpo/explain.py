@@ -32,8 +32,6 @@ from mrtpo.tasks import TASK_NAMES
 #: written out so parsing the arguments does not import torch.
 WEIGHT_SHAPE = {"lam": 0.2, "w_max": 1.2}
 
-METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
-
 __all__ = ["explain", "main"]
 
 
@@ -54,8 +52,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, model folder, checkpoint, .gguf or hub id")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="weights dtype (training uses float32 on CPU)")
-    p.add_argument("--method", default="mrtpo", choices=METHODS, help="credit method whose weights are shown")
-    p.add_argument("--relevance", default="js", choices=("js", "kl", "logratio"), help="relevance of a replay")
+    from mrtpo.credit import RELEVANCE_KINDS, available_methods  # the registries, plugins' methods included
+
+    p.add_argument("--method", default="mrtpo", choices=available_methods(),
+                   help="credit method whose weights are shown")
+    p.add_argument("--relevance", default="js", choices=RELEVANCE_KINDS, help="relevance of a replay")
     p.add_argument("--lam", type=float, default=WEIGHT_SHAPE["lam"],
                    help="0 uniform .. 1 proportional to relevance (training's default; the paper's: 1)")
     p.add_argument("--w-max", type=float, default=WEIGHT_SHAPE["w_max"],

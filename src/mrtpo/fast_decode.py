@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mrtpo.replay import _returned_cache, underlying_model
+from mrtpo.model_calls import returned_cache, underlying_model
 from mrtpo.shared_prompt import distinct_rows, generate_with_shared_prefill, patched_generate
 
 #: Model families whose decoder layer this module's decode step reproduces.
@@ -244,7 +244,7 @@ def sample(model: Any, input_ids: Tensor, attention_mask: Tensor, generation_con
     positions = (distinct_mask.long().cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=ids, attention_mask=distinct_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1].float().index_select(0, inverse)  # (B, V)
-    step.load_prompt_cache(_returned_cache(out), inverse, width)
+    step.load_prompt_cache(returned_cache(out), inverse, width)
     del out
     bias = torch.zeros(rows, 1, 1, width + steps, device=input_ids.device)
     bias[:, 0, 0, :width] = torch.where(mask, 0.0, float("-inf"))

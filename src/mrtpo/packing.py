@@ -105,7 +105,7 @@ def pack(prefixes: Sequence[Sequence[int]], completions: Sequence[Sequence[Seque
 
 def _dtype(model: Any) -> torch.dtype:
     """The dtype attention runs in: autocast's where it is on, else the model's."""
-    from mrtpo.replay import underlying_model
+    from mrtpo.model_calls import underlying_model
 
     device = next(underlying_model(model).parameters()).device
     if torch.is_autocast_enabled(device.type):
@@ -115,7 +115,7 @@ def _dtype(model: Any) -> torch.dtype:
 
 def can_pack(model: Any) -> bool:
     """Whether the model reads a 4D boolean attention mask as given (its attention is SDPA)."""
-    from mrtpo.replay import underlying_model
+    from mrtpo.model_calls import underlying_model
 
     config = getattr(underlying_model(model), "config", None)
     return getattr(config, "_attn_implementation", None) == "sdpa"
@@ -160,8 +160,8 @@ def packed_pass_logits(model: Any, members: Sequence[tuple[Sequence[Sequence[int
                        lengths: Sequence[Tensor], counter: Any = None):
     """:func:`mrtpo.replay.pass_context_logits` in one forward call: every distinct context of every
     member group packed with the group's completions behind it (``lengths[m]`` ``(G,)`` their
-    lengths). Returns the same :class:`mrtpo.replay.PassLogits` layout, 0 past each completion."""
-    from mrtpo.replay import PassLogits, underlying_model
+    lengths). Returns the same :class:`mrtpo.model_calls.PassLogits` layout, 0 past each completion."""
+    from mrtpo.model_calls import PassLogits, underlying_model
 
     device = next(underlying_model(model).parameters()).device
     slots, prefixes, completions, sizes, widths = [], [], [], [], []

@@ -10,12 +10,9 @@ a relevance of exactly 0. This module returns relevance; which method uses it is
 
 from __future__ import annotations
 
-import inspect
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import MethodType
 from typing import Any
 
 import torch
@@ -23,120 +20,10 @@ from torch import Tensor
 
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, PromptRenderer, default_render_prompt
 from mrtpo.credit import paired_entropy, paired_relevance
-from mrtpo.replay_plan import example_contexts, plan_replays
+from mrtpo.model_calls import ForwardCounter, PassLogits, cache_keyword, returned_cache, underlying_model
+from mrtpo.replay_passes import plan_passes, shared_lengths
+from mrtpo.replay_plan import GroupPlan, ReplayPlan, example_contexts, plan_replays
 from mrtpo.verifiers import Evidence, Example
-
-
-@torch.no_grad()
-def completion_logits(model: Any, prompt_ids: Tensor, completion_ids: Tensor) -> Tensor:
-    """Logits ``(T, V)`` predicting each of the ``T`` completion tokens after ``prompt_ids`` ``(P,)``.
-
-    A plain forward of one unpadded sequence with ``logits_to_keep = T + 1``; the last logit
-    (predicting past the completion) is dropped so position ``t`` predicts ``completion_ids[t]``.
-    """
-    ids = torch.cat([prompt_ids, completion_ids]).unsqueeze(0).to(model.device)
-    t = completion_ids.numel()
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=t + 1, use_cache=False)
-    return out.logits[0, :-1]
-
-
-def underlying_model(model: Any) -> Any:
-    """The transformers model under any wrappers: DDP / FSDP ``.module``, a PEFT model's base model."""
-    seen: set[int] = set()
-    while id(model) not in seen:
-        seen.add(id(model))
-        inner = getattr(model, "module", None)
-        if isinstance(inner, torch.nn.Module):
-            model = inner
-            continue
-        get_base = getattr(model, "get_base_model", None)
-        if callable(get_base):
-            model = get_base()
-            continue
-        break
-    return model
-
-
-@contextmanager
-def autocast_outputs(model: Any) -> Iterator[None]:
-    """While active, a model prepared by accelerate for mixed precision returns autocast's own
-    (bf16 / fp16) outputs instead of an fp32 copy of them.
-
-    accelerate wraps such a model's ``forward`` so that every output is upcast to fp32; for a
-    replay that is a second, fp32 copy of ``(Σ C·G, T, V)`` logits next to the bf16 ones (2.5 →
-    7.5 GB per group of 8 × 256 tokens at V = 152k), though the relevance kernels upcast each chunk
-    anyway: the maps come out bit-identical. The wrapped forward of every module of ``model`` that
-    has one (the model, or the module under DDP / FSDP wrappers, which call it) is swapped for the
-    autocast forward underneath it, and restored on exit. A model without the wrapper is untouched.
-    """
-    from accelerate.utils.operations import ConvertOutputsToFp32
-
-    swapped = []
-    for module in model.modules() if isinstance(model, torch.nn.Module) else []:
-        forward = module.__dict__.get("forward")
-        converter = getattr(getattr(forward, "__func__", forward), "__wrapped__", None)
-        if isinstance(converter, ConvertOutputsToFp32):
-            inner = converter.model_forward
-            module.forward = MethodType(inner, module) if hasattr(forward, "__func__") else inner
-            swapped.append((module, forward))
-    try:
-        yield
-    finally:
-        for module, forward in swapped:
-            module.forward = forward
-
-
-def _cache_keyword(model: Any) -> str:
-    """The forward keyword for a KV cache: ``cache`` in recent transformers, ``past_key_values`` before.
-
-    Read from the underlying model's forward: wrappers (PEFT, DDP) take ``**kwargs`` and pass them
-    through, so their own signature says nothing, and a name the model does not know would be
-    swallowed silently (the replay would then run without the prompt's cache).
-    """
-    params = inspect.signature(underlying_model(model).forward).parameters
-    if "cache" in params:
-        return "cache"
-    if "past_key_values" in params:
-        return "past_key_values"
-    raise TypeError(f"{type(underlying_model(model)).__name__}.forward takes neither `cache` nor `past_key_values`: "
-                    "the replay needs a model that accepts a KV cache")
-
-
-def _returned_cache(out: Any) -> Any:
-    cache = out.get("cache") if hasattr(out, "get") else None
-    return cache if cache is not None else out.past_key_values
-
-
-def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    """Length of the longest common prefix of all ``sequences``."""
-    shortest = min(len(s) for s in sequences)
-    for i in range(shortest):
-        token = sequences[0][i]
-        if any(s[i] != token for s in sequences[1:]):
-            return i
-    return shortest
-
-
-class ForwardCounter:
-    """Counts model forward calls (every rank must make the same number under FSDP / ZeRO-3),
-    and the seconds :func:`group_relevance` spends in the relevance kernels (for ``bench cost``)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.kernel_s = 0.0
-
-
-def shared_lengths(contexts: Sequence[Sequence[int]]) -> list[int]:
-    """Per context, how many of its leading tokens it reads from the original's cache.
-
-    The original ``contexts[0]`` but its last token is the trunk, run once; every context shares
-    the trunk up to where it departs from the original (its common prefix with it) and keeps at
-    least its last token to run with the completions. A removed span or an appended reference
-    departs late, so a counterfactual costs only its tokens after the departure, not its whole
-    prompt again.
-    """
-    original = contexts[0]
-    return [min(common_prefix_length([ctx, original]), len(ctx) - 1, len(original) - 1) for ctx in contexts]
 
 
 def _left_padded(sequences: Sequence[Sequence[int]], starts: Sequence[int],
@@ -151,23 +38,6 @@ def _left_padded(sequences: Sequence[Sequence[int]], starts: Sequence[int],
         mask.append([0] * pad + [1] * len(seq))
         positions.append([0] * pad + list(range(start, start + len(seq))))
     return tuple(torch.tensor(x, dtype=torch.long).to(device, non_blocking=True) for x in (ids, mask, positions))
-
-
-@dataclass
-class PassLogits:
-    """The logits of one replay pass: ``logits`` ``(Σ C·G, T, V)``, in the model's dtype;
-    ``blocks[m][c]``: the first row of member ``m``'s context ``c`` (its ``sizes[m]`` completions'
-    rows follow); ``widths[m]``: the member's own completion width ``≤ T``."""
-
-    logits: Tensor
-    blocks: list[list[int]]
-    sizes: list[int]
-    widths: list[int]
-
-    def of(self, member: int, context: int) -> Tensor:
-        """``(G, T_m, V)``: member ``member``'s completions under its context ``context``."""
-        first = self.blocks[member][context]
-        return self.logits[first:first + self.sizes[member], :self.widths[member]]
 
 
 @torch.no_grad()
@@ -187,7 +57,7 @@ def pass_context_logits(
 
     At most three forward calls, whatever the number of members, contexts and completions: every
     member's original prompt but its last token (its trunk), left-padded into one batch; every
-    context's tokens after its departure from its original (:func:`shared_lengths`) but its last,
+    context's tokens after its departure from its original (:func:`mrtpo.replay_passes.shared_lengths`) but its last,
     as one left-padded batch on the trunks' cache, each row seeing only the trunk positions of its
     own group it shares (the rest and the pads masked, positions continuing its own prefix); then
     all ``Σ C × G`` rows ``[last context token, completion[:-1]]`` as one batch on that cache,
@@ -195,7 +65,7 @@ def pass_context_logits(
     per pass. The first two calls skip the vocabulary head (``logits_to_keep=1``): only their cache
     is read. Inputs and masks are built on the host and copied once per call; nothing is read back.
     """
-    key = _cache_keyword(model)
+    key = cache_keyword(model)
     counter = counter or ForwardCounter()
     device = next(underlying_model(model).parameters()).device
     slots, member_contexts = [], []
@@ -213,7 +83,7 @@ def pass_context_logits(
         ids, mask, positions = _left_padded([contexts[0][:-1] for contexts in member_contexts],
                                             [0] * len(members), device)
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        cache = _returned_cache(out)  # only its cache is used
+        cache = returned_cache(out)  # only its cache is used
         counter.calls += 1
         cache.reorder_cache(torch.tensor(row_member).to(device, non_blocking=True))
     past_mask = torch.tensor([[int(trunk_width - trunk_lens[m] <= j < trunk_width - trunk_lens[m] + s)
@@ -226,7 +96,7 @@ def pass_context_logits(
         kwargs = {key: cache} if cache is not None else {}
         out = model(input_ids=ids, attention_mask=past_mask, position_ids=positions, use_cache=True, logits_to_keep=1,
                     **kwargs)
-        cache = _returned_cache(out)
+        cache = returned_cache(out)
         counter.calls += 1
     sizes = [completions.shape[0] for _, completions in members]
     widths = [completions.shape[1] for _, completions in members]
@@ -261,58 +131,6 @@ def group_context_logits(model: Any, contexts: Sequence[Sequence[int]], completi
     result = pass_context_logits(model, [(contexts, completions)], counter)
     for index in range(len(contexts)):
         yield index, result.of(0, index)
-
-
-def pass_forward_calls(member_contexts: Sequence[Sequence[Sequence[int]]]) -> int:
-    """Forward calls :func:`pass_context_logits` makes for these groups' contexts, whatever their
-    number and the completions' shape: the trunks (if some original has more than one token), the
-    contexts' tokens after their departure but the last (if any context has some), the completions."""
-    trunk = any(len(contexts[0]) > 1 for contexts in member_contexts)
-    heads = any(len(ctx) - 1 > s for contexts in member_contexts for ctx, s in zip(contexts, shared_lengths(contexts)))
-    return int(trunk) + int(heads) + 1
-
-
-def group_forward_calls(contexts: Sequence[Sequence[int]]) -> int:
-    """:func:`pass_forward_calls` for one group."""
-    return pass_forward_calls([contexts])
-
-
-def plan_passes(sizes: Sequence[int], micro_batch: int | None = None,
-                groups_per_pass: int | None = 1) -> list[list[tuple[int, slice]]]:
-    """Pack groups of ``sizes[i]`` completions into replay passes: a list of passes, each a list of
-    ``(group index, completion rows)``.
-
-    A pass holds at most ``groups_per_pass`` groups (``None``: any number) and at most
-    ``micro_batch`` completions (``None``: any number); a group that does not fit in what is left of
-    a pass continues in the next one. Groups and rows keep their order; empty groups take no room.
-    """
-    if micro_batch is not None and micro_batch < 1:
-        raise ValueError(f"micro_batch must be >= 1 or None, got {micro_batch}")
-    if groups_per_pass is not None and groups_per_pass < 1:
-        raise ValueError(f"groups_per_pass must be >= 1 or None, got {groups_per_pass}")
-    passes: list[list[tuple[int, slice]]] = []
-    current: list[tuple[int, slice]] = []
-    room = micro_batch
-    for group, size in enumerate(sizes):
-        first = 0
-        while first < size:
-            if current and (room == 0 or (groups_per_pass is not None and len(current) == groups_per_pass)):
-                passes.append(current)
-                current, room = [], micro_batch
-            take = size - first if room is None else min(size - first, room)
-            current.append((group, slice(first, first + take)))
-            first += take
-            room = None if room is None else room - take
-    if current:
-        passes.append(current)
-    return passes
-
-
-def replay_forward_calls(group_contexts: Sequence[Sequence[Sequence[int]]], sizes: Sequence[int],
-                         micro_batch: int | None = None, groups_per_pass: int | None = 1, packed: bool = False) -> int:
-    """Forward calls :func:`batch_relevance` makes for these groups (contexts, completion counts)."""
-    return sum(1 if packed else pass_forward_calls([group_contexts[group] for group, _ in members])
-               for members in plan_passes(sizes, micro_batch, groups_per_pass))
 
 
 @dataclass
@@ -358,7 +176,7 @@ def batch_relevance(
 
     ``placements`` say which side carries the evidence (``in_prompt``: the base;
     ``privileged``: the counterfactual), which matters for ``kl``. The groups are replayed in the
-    passes of :func:`plan_passes` (``micro_batch``: at most that many completions per pass;
+    passes of :func:`mrtpo.replay_passes.plan_passes` (``micro_batch``: at most that many completions per pass;
     ``groups_per_pass``: at most that many groups, ``None``: all), each pass in the three forward
     calls of :func:`pass_context_logits`, so the calls per step do not grow with the groups that
     share a pass. The logits held at a time scale with a pass's rows: 2 (bf16) or 4 (fp32) bytes ×
@@ -440,6 +258,34 @@ def group_relevance(model: Any, contexts: Sequence[Sequence[int]], placements: S
     return batch_relevance(model, [ReplayGroup(contexts, placements, completions, lengths)], **kwargs)[0]
 
 
+def run_replay_plan(
+    model: Any,
+    plan: ReplayPlan,
+    contexts_of: Callable[[GroupPlan], Sequence[Sequence[int]]],
+    completions: Tensor,
+    lengths: Tensor,
+    *,
+    device: Any = None,
+    on_replays: Callable[[list[ReplayGroup]], None] | None = None,
+    **relevance: Any,
+) -> dict[str, Tensor | None]:
+    """Carry out ``plan`` (:func:`mrtpo.replay_plan.plan_replays`): the maps of every credit field, ``(B, K, T)`` /
+    ``(B, T)`` as :meth:`mrtpo.replay_plan.ReplayPlan.scatter` gives them.
+
+    ``contexts_of(group)``: the token ids of a replayed group's contexts (the original prompt first; e.g.
+    :func:`mrtpo.replay_plan.example_contexts`); ``completions`` ``(B, T)`` right-padded ids and ``lengths``
+    ``(B,)`` of the whole batch, rows as the plan numbers them. ``on_replays`` sees the groups before any forward
+    call (the trainer agrees on the call count across ranks there); ``relevance``: :func:`batch_relevance`'s
+    keywords (``with_entropy`` comes from the plan). Every caller that replays goes through here.
+    """
+    replays = [ReplayGroup(contexts_of(group), group.placements, completions[group.rows, :group.width],
+                           lengths[group.rows], group.bases) for group in plan.replayed]
+    if on_replays is not None:
+        on_replays(replays)
+    results = batch_relevance(model, replays, with_entropy=plan.entropy, **relevance) if replays else []
+    return plan.scatter(results, completions.shape[1], device)
+
+
 @dataclass
 class ReplayResult:
     """Relevance of one completion. ``relevance`` ``(K, T)``: 0 rows where a reward has no evidence."""
@@ -482,11 +328,10 @@ def replay_completion(
     completion_ids = completion_ids.to(torch.long).cpu()
     t = completion_ids.numel()
     plan = plan_replays([[0]], [list(evidences)], [t], needs)
-    replays = [ReplayGroup(example_contexts(group, example, names, render, ids_of, header=header), group.placements,
-                           completion_ids.unsqueeze(0), torch.tensor([t]), group.bases) for group in plan.replayed]
-    results = batch_relevance(model, replays, kind=kind, temperature=temperature, chunk_size=chunk_size, top_k=top_k,
-                              with_entropy=plan.entropy)
-    maps = plan.scatter(results, t)
+    maps = run_replay_plan(model, plan, lambda group: example_contexts(group, example, names, render, ids_of,
+                                                                       header=header),
+                           completion_ids.unsqueeze(0), torch.tensor([t]), kind=kind, temperature=temperature,
+                           chunk_size=chunk_size, top_k=top_k)
     relevance = maps["relevance"]
     return ReplayResult(relevance=(relevance[0] if relevance is not None else torch.zeros(len(evidences), t)).float(),
                         has_evidence=maps["has_evidence"][0].tolist(),
@@ -496,9 +341,6 @@ def replay_completion(
 
 
 __all__ = [
-    "ForwardCounter", "GroupRelevance", "PassLogits", "ReplayGroup", "ReplayResult", "autocast_outputs",
-    "batch_relevance", "common_prefix_length",
-    "completion_logits", "group_context_logits", "group_forward_calls", "group_relevance", "pass_context_logits",
-    "pass_forward_calls", "plan_passes", "replay_completion", "replay_forward_calls", "shared_lengths",
-    "underlying_model",
+    "GroupRelevance", "ReplayGroup", "ReplayResult", "batch_relevance", "group_context_logits", "group_relevance",
+    "pass_context_logits", "replay_completion", "run_replay_plan",
 ]

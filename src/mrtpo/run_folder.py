@@ -27,7 +27,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from mrtpo.config import ConfigError, RunConfig, read_yaml, write_config
+from mrtpo.config import ConfigError, RunConfig, read_yaml
+from mrtpo.saved_config import write_config
 
 #: Files a run writes into its folder (besides ``checkpoint-N/``).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "credit_samples.jsonl", "report.html", "report.md", "curves.png",

@@ -12,6 +12,8 @@ A value the user set explicitly is a choice, and stays a setting.
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -48,4 +50,15 @@ def config_text(config: RunConfig) -> str:
     return text
 
 
-__all__ = ["MACHINE_KEYS", "config_text", "machine_decided"]
+def write_config(config: RunConfig, path: str | os.PathLike) -> Path:
+    """Write ``config.yaml`` (:func:`config_text`), atomically: a crash leaves the old file or the new one."""
+    path = Path(path)
+    text = config_text(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = ["MACHINE_KEYS", "config_text", "machine_decided", "write_config"]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mrtpo.replay import _cache_keyword, _returned_cache, underlying_model
+from mrtpo.model_calls import cache_keyword, returned_cache, underlying_model
 
 
 def can_share_prompts(model: Any, prompt_length: int) -> bool:
@@ -68,14 +68,14 @@ def shared_prompt_logps(
     """
     ids, mask, inverse = distinct_rows(prompt_ids, prompt_mask)
     head = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True, logits_to_keep=1)
-    cache = _returned_cache(head)
+    cache = returned_cache(head)
     cache.batch_select_indices(inverse)
     tail_ids = torch.cat([prompt_ids[:, -1:], completion_ids], dim=1)
     labels = torch.cat([torch.full_like(prompt_ids[:, -1:], -100),
                         completion_ids.masked_fill(completion_mask == 0, -100)], dim=1)
     attention = torch.cat([prompt_mask, completion_mask], dim=1)
     out = model(input_ids=tail_ids, attention_mask=attention, labels=labels, fused_lm_head=True,
-                **{_cache_keyword(model): cache})
+                **{cache_keyword(model): cache})
     entropy = out.entropy if compute_entropy else None
     return out.log_probs, entropy
 
@@ -92,7 +92,7 @@ def prefill_shared_prompts(model: Any, input_ids: Tensor, attention_mask: Tensor
     positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True,
                 logits_to_keep=1)
-    cache = _returned_cache(out)
+    cache = returned_cache(out)
     cache.batch_select_indices(inverse)
     return cache
 
@@ -109,7 +109,7 @@ def generate_with_shared_prefill(model: Any, generate: Any, input_ids: Tensor, a
         return generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     with torch.no_grad():
         cache = prefill_shared_prompts(model, input_ids, attention_mask)
-    return generate(input_ids=input_ids, attention_mask=attention_mask, **{_cache_keyword(model): cache}, **kwargs)
+    return generate(input_ids=input_ids, attention_mask=attention_mask, **{cache_keyword(model): cache}, **kwargs)
 
 
 @contextmanager

@@ -49,8 +49,8 @@ from mrtpo.config import (  # noqa: E402
     parse_overrides,
     read_yaml,
     valid_keys,
-    write_config,
 )
+from mrtpo.credit import available_methods  # noqa: E402
 from mrtpo.run_folder import (  # noqa: E402
     ConfigStamp,
     check_fresh_folder,
@@ -62,6 +62,8 @@ from mrtpo.run_folder import (  # noqa: E402
     run_files,
     saved_config,
 )
+from mrtpo.saved_config import write_config  # noqa: E402
+from mrtpo.task_base import implements  # noqa: E402
 from mrtpo.trainer.metrics import trim_jsonl  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -142,7 +144,7 @@ def load_task_data(config: RunConfig) -> TaskData:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"task_args {run.task_args!r} do not fit task {run.task!r}: {exc}") from None
     if run.model == "gym":
-        if not hasattr(task, "policy"):
+        if not implements(task, "policy"):
             raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none "
                               "(use a gym-* task)")
         from mrtpo.gym.policy import policy_spec
@@ -264,8 +266,7 @@ def _parser() -> argparse.ArgumentParser:
     # the value the run then gets.
     p.add_argument("--task", help=f"task to train on: {', '.join(TASK_NAMES)}, one a plugin registers (MRTPO_PLUGINS), "
                                   f"or a task file path/to/task.yaml (default: {run.task})")
-    p.add_argument("--method", help=f"credit method: grpo, gdpo, mrtpo, mrtpo-contrastive, contrast, entropy; "
-                                    f"controls mrtpo-shuffled, mrtpo-swapped "
+    p.add_argument("--method", help=f"credit method: {', '.join(available_methods())} "
                                     f"(default: {TRAIN_DEFAULTS['method']})")
     p.add_argument("--config", action="append", default=[], metavar="YAML", help="config file (repeatable; later wins)")
     p.add_argument("--model", help=f"preset, model folder, .gguf file or hub id (default: {run.model})")

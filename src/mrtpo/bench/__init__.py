@@ -71,7 +71,7 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
     import torch
 
     from mrtpo.credit import CreditBatch, CreditConfig, get_method
-    from mrtpo.replay import ReplayGroup, batch_relevance
+    from mrtpo.replay import run_replay_plan
     from mrtpo.replay_plan import EACH, example_contexts, plan_replays
     from mrtpo.sampling import sample_group
 
@@ -89,8 +89,7 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
                         decoys=None if decoys is None else [list(decoys)])
     (group,) = plan.groups
     contexts = example_contexts(group, example, names, render, ids_of)
-    replays = [ReplayGroup(contexts, group.placements, comps, lengths, group.bases)] if group.replayed else []
-    maps = plan.scatter(batch_relevance(model, replays, kind=kind, with_entropy=plan.entropy), t)
+    maps = run_replay_plan(model, plan, lambda _: contexts, comps, lengths, kind=kind)
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
     batch = CreditBatch(rewards, g, mask, **maps)
     weights = {m: get_method(m).weights(batch, config or CreditConfig()) for m in methods}

@@ -45,7 +45,9 @@ from mrtpo.bench.floors import (
 from mrtpo.cli_help import HelpFormatter
 from mrtpo.counterfactual import prompt_renderer
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
-from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, shared_lengths
+from mrtpo.model_calls import ForwardCounter
+from mrtpo.replay import run_replay_plan
+from mrtpo.replay_passes import shared_lengths
 from mrtpo.replay_plan import example_contexts, plan_replays
 from mrtpo.sampling import sample_group
 
@@ -164,21 +166,24 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_replays([list(range(g * args.group_size, (g + 1) * args.group_size)) for g in range(len(batch))],
                             [[v.evidence(ex) for v in verifiers] for ex, *_ in batch],
                             [int(n) for *_, lengths in batch for n in lengths], method.needs)
-        replays = []
+        all_lengths = torch.cat([lengths for *_, lengths in batch])
+
+        def contexts_of(group):
+            ex = batch[group.rows[0] // args.group_size][0]
+            return example_contexts(group, ex, names, render, tokenize)
+
         for group, (ex, _, comps, lengths) in zip(plan.groups, batch):
             if not group.replayed:
                 continue
-            contexts = example_contexts(group, ex, names, render, tokenize)
-            replays.append(ReplayGroup(contexts, group.placements, comps[:, :group.width], lengths, group.bases))
+            contexts = contexts_of(group)
             comp_lists = [comps[i, : int(lengths[i])].tolist() for i in range(args.group_size)]
             naive += [(list(ctx) + c, len(c) + 1) for ctx in contexts for c in comp_lists]
             distinct = [list(ctx) for ctx in dict.fromkeys(tuple(ctx) for ctx in contexts)]
             unique.append((distinct[0], 1))  # the original once, each context from where it departs
             unique += [(ctx[s:], 1) for ctx, s in zip(distinct[1:], shared_lengths(distinct)[1:])]
             unique += [(c, len(c)) for _ in distinct for c in comp_lists]  # every completion per context
-        results = batch_relevance(model, replays, temperature=1.0, top_k=args.top_k, counter=counter,
-                                  with_entropy=plan.entropy, groups_per_pass=args.groups_per_pass or None)
-        maps = plan.scatter(results, t_max)
+        maps = run_replay_plan(model, plan, contexts_of, completions, all_lengths, temperature=1.0, top_k=args.top_k,
+                               counter=counter, groups_per_pass=args.groups_per_pass or None)
         replay_s = time.perf_counter() - replay_start
         credit = CreditBatch(rewards, args.group_size, mask, **maps)
         advantages = method(credit, CreditConfig())

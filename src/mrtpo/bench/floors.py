@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mrtpo.replay import _cache_keyword, _returned_cache, underlying_model
+from mrtpo.model_calls import cache_keyword, returned_cache, underlying_model
 from mrtpo.shared_prompt import distinct_rows, shared_prompt_logps
 
 #: Update variants :func:`update_seconds` times: TRL's rows under activation checkpointing, TRL's
@@ -118,16 +118,16 @@ def update_floor_seconds(model: Any, batch: UpdateBatch) -> float:
 def decode_floor_seconds(model: Any, prompt_ids: list[int], group_size: int, new_tokens: int) -> float:
     """Seconds of the forwards sampling ``group_size`` completions of ``new_tokens`` must make: the
     prompt's prefill once, then ``new_tokens − 1`` single-token forwards of the group on its cache."""
-    key = _cache_keyword(model)
+    key = cache_keyword(model)
     device = next(model.parameters()).device
     start = time.perf_counter()
     out = model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True, logits_to_keep=1)
-    cache = _returned_cache(out)
+    cache = returned_cache(out)
     cache.batch_repeat_interleave(group_size)
     token = torch.full((group_size, 1), prompt_ids[-1], device=device)
     for _ in range(new_tokens - 1):
         out = model(input_ids=token, use_cache=True, logits_to_keep=1, **{key: cache})
-        cache = _returned_cache(out)
+        cache = returned_cache(out)
         token = out.logits[:, -1:].argmax(-1)
     return time.perf_counter() - start
 

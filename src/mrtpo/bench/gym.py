@@ -35,7 +35,7 @@ import torch
 
 from mrtpo.bench import add_sampling_arguments, method_list, sample_and_weigh, write_record
 from mrtpo.cli_help import HelpFormatter
-from mrtpo.credit import CreditConfig
+from mrtpo.credit import RELEVANCE_KINDS, CreditConfig
 from mrtpo.credit.lift import span_lift, summarise_lifts
 
 DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
@@ -45,13 +45,13 @@ def _parse(argv):
     p = argparse.ArgumentParser(prog="mrtpo bench gym", description=__doc__.splitlines()[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--task", default="gym-constraints",
-                   help="a gym task (gym-constraints, gym-answer, gym-call, gym-overlap)")
+                   help="a gym task (any registered gym-* family)")
     p.add_argument("--task-arg", action="append", default=[], metavar="key=value",
                    help="a gym setting, e.g. num_clauses=4 (repeatable)")
     add_sampling_arguments(p, prompts=32, max_new_tokens=None, methods=",".join(DEFAULT_METHODS), dtype="float32")
     p.set_defaults(model="gym", group_size=8)
     p.add_argument("--lam", type=float, default=1.0, help="λ of the weights (1: proportional to relevance)")
-    p.add_argument("--relevance", default="js", choices=("js", "kl", "logratio"), help="relevance of a replay")
+    p.add_argument("--relevance", default="js", choices=RELEVANCE_KINDS, help="relevance of a replay")
     p.add_argument("--out", type=Path, metavar="FILE",
                    help="JSON record (default: runs/bench/gym-precision-<task>.json)")
     return p.parse_args(argv)
@@ -122,11 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.models import load_policy
     from mrtpo.replay_plan import choose_decoys
     from mrtpo.sampling import sample_group
+    from mrtpo.task_base import implements
     from mrtpo.tasks import get_task
 
     methods = method_list(args.methods)
     task = get_task(args.task, **parse_overrides(args.task_arg))
-    if not hasattr(task, "relevant_positions"):
+    if not implements(task, "relevant_positions"):
         print(f"mrtpo bench gym: task {args.task!r} reports no ground-truth relevant positions (use a gym-* task)",
               file=sys.stderr)
         return 2

@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mrtpo.counterfactual import prompt_renderer
     from mrtpo.models import load_policy
+    from mrtpo.task_base import implements
     from mrtpo.tasks import get_task
 
     methods = method_list(args.methods)
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_policy(args.model, dtype=getattr(torch, args.dtype))
     model.eval()
     task = get_task(args.task)
-    if not hasattr(task, "checked_spans"):
+    if not implements(task, "checked_spans"):
         print(f"mrtpo bench lift: task {args.task!r} defines no checked_spans(example, text)", file=sys.stderr)
         return 2
     verifiers = task.verifiers()

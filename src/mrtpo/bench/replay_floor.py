@@ -34,7 +34,9 @@ import torch
 
 from mrtpo.bench import add_batch_arguments, write_record
 from mrtpo.cli_help import HelpFormatter
-from mrtpo.replay import ForwardCounter, ReplayGroup, batch_relevance, plan_passes, underlying_model
+from mrtpo.model_calls import ForwardCounter, underlying_model
+from mrtpo.replay import ReplayGroup, batch_relevance
+from mrtpo.replay_passes import plan_passes
 
 
 def _parse(argv):

@@ -40,6 +40,7 @@ from mrtpo.cli_help import HelpFormatter
 from mrtpo.evaluate.load import EvalUserError, load_model, resolve_checkpoint
 from mrtpo.evaluate.results import render_markdown, write_results
 from mrtpo.machine import machine_info
+from mrtpo.task_base import implements
 from mrtpo.tasks import TASK_NAMES
 
 #: Default ``max_new_tokens`` per task (long enough for the task's answers: one or a few tool
@@ -357,7 +358,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
 
     torch.manual_seed(args.seed)
-    if args.model == "gym" and hasattr(task, "policy"):  # a gym task's warm-started tiny policy
+    if args.model == "gym" and implements(task, "policy"):  # a gym task's warm-started tiny policy
         model, tokenizer = task.policy()
         model_info = {"spec": "gym", "kind": "gym warm start", "dtype": "float32"}
     else:

@@ -18,6 +18,7 @@ from typing import Any
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, append_privileged
 from mrtpo.gym import answer, call, constraints
 from mrtpo.gym.base import GymVerifier, Words, example_rng
+from mrtpo.task_base import Task
 from mrtpo.verifiers import Example
 
 SPLITS = ("train", "eval")
@@ -53,7 +54,7 @@ class GymSettings:
     """overrides of mrtpo.gym.policy.PolicySpec (model size, warm-start steps)"""
 
 
-class GymTask:
+class GymTask(Task):
     """A gym family as a task (see the module docstring). Subclasses set ``name`` and the family hooks."""
 
     name = "gym"

@@ -10,36 +10,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from mrtpo.verifiers import Example, Verifier
-
-
-class Task(Protocol):
-    """What the trainer and ``mrtpo eval`` need from a task."""
-
-    name: str
-
-    def load(self, split: str, limit: int | None = None) -> list[Example]:
-        """Examples of ``split`` ("train" or "eval"), in a fixed documented order."""
-        ...
-
-    def verifiers(self) -> list[Verifier]:
-        """The rewards, in a fixed order (the columns of R[N, K])."""
-        ...
-
-    def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
-        """Score model outputs on held-out examples with the benchmark's own checker."""
-        ...
-
-    # Optional: ``render_prompt(example, tokenizer) -> str``, the exact prompt string the policy
-    # sees. Generation and the evidence replays both use it (see mrtpo.counterfactual.prompt_renderer);
-    # without it the chat template is applied to ``example.messages`` with ``example.tools``.
-    #
-    # Optional, for ``mrtpo bench lift``: ``checked_spans(example, text)`` -> ``[(reward name, span
-    # kind, [(start, end), ...])]``, the characters of ``text`` each reward's checker reads, and
-    # ``may_have_checked_spans(example) -> bool``, which prompts can have one.
-
+from mrtpo.task_base import Task, implements
 
 _TASKS: dict[str, Callable[..., Task]] = {}
 # Built-in task modules, imported lazily so one task's optional assets never block another.
@@ -162,5 +135,5 @@ def task_settings(name: str) -> dict[str, Any]:
     return {"reward_weights": list(weights)} if weights else {}
 
 
-__all__ = ["GYM_TASK_NAMES", "TASK_NAMES", "Task", "UnknownTaskError", "get_task", "is_task_file", "register_task",
-           "task_label", "task_names", "task_problem", "task_ref", "task_settings"]
+__all__ = ["GYM_TASK_NAMES", "TASK_NAMES", "Task", "UnknownTaskError", "get_task", "implements", "is_task_file",
+           "register_task", "task_label", "task_names", "task_problem", "task_ref", "task_settings"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mrtpo.task_base import Task
 from mrtpo.verifiers import Evidence, Example
 
 #: Data-file suffix -> the ``datasets`` builder that reads it.
@@ -280,7 +281,7 @@ def as_messages(value: Any, where: str) -> list[dict[str, Any]]:
     raise TaskFileError(f"{where}: the prompt must be text or a list of {{role, content}} messages, got {value!r:.80}")
 
 
-class ConfigTask:
+class ConfigTask(Task):
     """A :class:`~mrtpo.tasks.Task` over a :class:`TaskSpec`'s dataset and reward functions."""
 
     splits = ("train", "eval")

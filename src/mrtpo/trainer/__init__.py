@@ -3,7 +3,8 @@
 - :mod:`mrtpo.trainer.core`: the trainer (rewards, replays, token advantages into TRL's loss);
 - :mod:`mrtpo.trainer.config`: ``MRTPOConfig`` and the keys the trainer shares with it;
 - :mod:`mrtpo.trainer.metrics`: the credit metrics and the JSONL logs, pure functions of tensors;
-- :mod:`mrtpo.trainer.card`: the model card (MRTPO, its paper, the base model).
+- :mod:`mrtpo.trainer.card`: the model card (MRTPO, its paper, the base model);
+- :mod:`mrtpo.trainer.update_rows`: the rows an update runs, the same count on every process.
 
 The names below load on first use, so resolving a config (:mod:`mrtpo.config` imports
 :mod:`mrtpo.trainer.config`) does not import the trainer and its replay.

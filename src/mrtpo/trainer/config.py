@@ -45,9 +45,7 @@ def _setting(default, help_text: str):
 class MRTPOConfig(GRPOConfig):
     """GRPOConfig plus the credit-assignment knobs of docs/design.md#settings (validated in ``__post_init__``)."""
 
-    method: str = _setting("mrtpo", (
-        "credit method: grpo, gdpo, mrtpo, mrtpo-contrastive, contrast, entropy; "
-        "controls: mrtpo-shuffled, mrtpo-swapped"))
+    method: str = _setting("mrtpo", f"credit method: {', '.join(available_methods())} (the registry's)")
     relevance: str = _setting("js", "relevance of a replay: js (default), kl or logratio")
     lam: float = _setting(DEFAULT_LAM, (
         "weight interpolation: 0 uniform, 1 proportional to relevance (the paper's: lam 1, w_max None)"))

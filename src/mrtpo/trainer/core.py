@@ -15,7 +15,7 @@ differs from GRPOTrainer, and nothing else:
    spread, fewer than two valid values), and a group with nothing left to replay is not replayed.
    Under ``dapo`` / ``cispo`` without KL or entropy terms the update also leaves out completions
    whose advantage is 0 at every token (their loss and gradient are 0; the normaliser is global),
-   all processes running as many rows (:mod:`mrtpo.update_rows`); TRL's update metrics (entropy,
+   all processes running as many rows (:mod:`mrtpo.trainer.update_rows`); TRL's update metrics (entropy,
    clip ratios) then cover the rows it ran.
 3. TRL's off-policy sequence mask (``off_policy_mask_threshold``) keeps or drops a sequence by the
    sign of its *sequence* advantage (carried next to the ``(B, T)`` advantages), never token by
@@ -49,8 +49,10 @@ from trl import GRPOTrainer
 
 from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
 from mrtpo.fast_decode import fast_sampling
+from mrtpo.model_calls import ForwardCounter, autocast_outputs
 from mrtpo.packing import can_pack, packed_logps
-from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
+from mrtpo.replay import run_replay_plan
+from mrtpo.replay_passes import replay_forward_calls
 from mrtpo.replay_plan import (
     CREDIT_FIELDS,
     GroupPlan,
@@ -73,7 +75,7 @@ from mrtpo.trainer.config import (
     MRTPOConfig,
 )
 from mrtpo.trainer.metrics import MetricsJSONL, append_samples, credit_metric_keys, credit_metric_sums, peak_memory_gib
-from mrtpo.update_rows import rows_that_move
+from mrtpo.trainer.update_rows import rows_that_move
 from mrtpo.verifiers import Evidence
 
 
@@ -246,32 +248,34 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         nonzero = None if coefficients is None else (coefficients != 0).tolist()
         plan = plan_replays(groups, [self._evidences(inputs[rows[0]]) for rows in groups], lengths.tolist(),
                             self.credit_method.needs, nonzero)
-        completion_ids = out["completion_ids"].cpu()  # one host copy; each pass sends its rows back in one
-        replays = []  # contexts of every group first: the forward-call count is agreed before any call
-        for group in plan.replayed:
-            row = inputs[group.rows[0]]
-            contexts = [base_ids[group.rows[0]]] + [self._tokenize(row["prompt"], text)
-                                                     for text in self._counterfactual_texts(row, group)]
-            replays.append(ReplayGroup(contexts, group.placements, completion_ids[group.rows, :group.width],
-                                       lengths[group.rows], group.bases))
         micro_batch, per_pass = self.args.replay_micro_batch, self.args.replay_groups_per_pass
         packed = self.args.packed_sequences and can_pack(self.model)
-        planned = replay_forward_calls([r.contexts for r in replays], [len(r.lengths) for r in replays],
-                                       micro_batch, per_pass, packed)
-        target = self._agree_forward_calls(planned)
+        calls = {}
+
+        def contexts_of(group) -> list[list[int]]:
+            row = inputs[group.rows[0]]
+            return [base_ids[group.rows[0]]] + [self._tokenize(row["prompt"], text)
+                                                for text in self._counterfactual_texts(row, group)]
+
+        def agree(replays) -> None:  # every group's contexts first: the call count is agreed before any call
+            calls["planned"] = replay_forward_calls([r.contexts for r in replays], [len(r.lengths) for r in replays],
+                                                    micro_batch, per_pass, packed)
+            calls["target"] = self._agree_forward_calls(calls["planned"])
+
         counter = ForwardCounter()
-        results = batch_relevance(self.model, replays, kind=self.args.relevance, temperature=self.temperature,
-                                  chunk_size=self.args.relevance_chunk_size, top_k=self.args.relevance_top_k,
-                                  with_entropy=plan.entropy, micro_batch=micro_batch, groups_per_pass=per_pass,
-                                  counter=counter, on_device=True, packed=packed)
-        if counter.calls != planned:
-            raise RuntimeError(f"replay made {counter.calls} forward calls but planned {planned}: "
+        # one host copy of the ids (each pass sends its rows back in one); the maps stay on the device until
+        # the step's last replay: one host copy per step
+        maps = run_replay_plan(self.model, plan, contexts_of, out["completion_ids"].cpu(), lengths,
+                               device=self.accelerator.device, on_replays=agree, kind=self.args.relevance,
+                               temperature=self.temperature, chunk_size=self.args.relevance_chunk_size,
+                               top_k=self.args.relevance_top_k, micro_batch=micro_batch, groups_per_pass=per_pass,
+                               counter=counter, on_device=True, packed=packed)
+        if counter.calls != calls["planned"]:
+            raise RuntimeError(f"replay made {counter.calls} forward calls but planned {calls['planned']}: "
                                "replay_forward_calls no longer matches mrtpo.replay.pass_context_logits")
-        self._pad_forward_calls(target - counter.calls)
-        self.replay_forward_calls = target
+        self._pad_forward_calls(calls["target"] - counter.calls)
+        self.replay_forward_calls = calls["target"]
         self._replay_counts = plan.counts()
-        # maps stay on the device until the step's last replay: one host copy per step
-        maps = plan.scatter(results, out["completion_ids"].shape[1], self.accelerator.device)
         return {**{key: m.cpu() if m is not None else None for key, m in maps.items()}, "skipped": plan.skipped()}
 
     def _agree_forward_calls(self, calls: int) -> int:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mrtpo.task_base import implements
 from mrtpo.warm_start.data import (
     WarmStartError,
     completion_for,
@@ -287,10 +288,9 @@ def _data_identity(settings: WarmStartSettings, task: Any) -> dict[str, Any]:
         if not path.is_file():
             raise WarmStartError(f"warm start data {path} does not exist")
         return {"file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    identity = getattr(task, "warm_start_identity", None)
-    if identity is None:
+    if not implements(task, "warm_start_identity"):
         raise WarmStartError(f"task {getattr(task, 'name', task)!r} has no warm start pairs of its own; give data")
-    return {"task": task.name, **identity()}
+    return {"task": task.name, **task.warm_start_identity()}
 
 
 def warm_start_dir(model: str, settings: WarmStartSettings, task: Any = None,

@@ -51,14 +51,14 @@ def task_rows(task: Any, tokenizer: Any, limit: int | None = None) -> list[dict[
     """``[{"id", "prompt", "completion"}]`` from ``task.warm_start_pairs()`` (training split only),
     prompts rendered exactly as RL renders them (the task's ``render_prompt``)."""
     from mrtpo.counterfactual import prompt_renderer
+    from mrtpo.task_base import implements
 
-    pairs_of = getattr(task, "warm_start_pairs", None)
-    if pairs_of is None:
+    if not implements(task, "warm_start_pairs"):
         raise WarmStartError(f"task {getattr(task, 'name', task)!r} has no warm start pairs of its own; "
                              "give a JSONL file (warm_start: {data: <file>} or mrtpo sft --data <file>)")
     render = prompt_renderer(task, tokenizer)
     rows = []
-    for example, answer in pairs_of(limit):
+    for example, answer in task.warm_start_pairs(limit):
         if example.split != "train":
             raise WarmStartError(f"warm start pair {example.id!r} is from split {example.split!r}; only training "
                                  "items may be used")

@@ -69,7 +69,7 @@ from mrtpo.bench.learn.cli import main  # noqa: E402
 from mrtpo.bench.learn.compare import HELDOUT_METRICS, build_comparison, heldout_metrics, load_runs  # noqa: E402
 from mrtpo.bench.learn.plan import (  # noqa: E402
     CONFIGS_DIR,
-    METHODS,
+    DEFAULT_METHODS,
     BenchError,
     plan_configs,
     read_preset,
@@ -91,7 +91,7 @@ from mrtpo.bench.learn.stats import (  # noqa: E402
 __all__ = [
     "CONFIGS_DIR",
     "HELDOUT_METRICS",
-    "METHODS",
+    "DEFAULT_METHODS",
     "BenchError",
     "EvalCallback",
     "aggregate_curves",

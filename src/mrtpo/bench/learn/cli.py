@@ -13,8 +13,8 @@ from typing import Any
 
 from mrtpo.bench.learn.compare import build_comparison
 from mrtpo.bench.learn.plan import (
+    DEFAULT_METHODS,
     DEFAULT_SEEDS,
-    METHODS,
     BenchError,
     method_variants,
     plan_configs,
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--task", required=True,
                    help=f"{', '.join(TASK_NAMES)}, a plugin's (MRTPO_PLUGINS) or a task file (.yaml)")
-    p.add_argument("--methods", default=",".join(METHODS),
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma-separated credit methods; LABEL=METHOD adds a variant of a method under its own "
                         "name, whose settings --method-setting LABEL:key=value gives (e.g. bounded=mrtpo)")
     p.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comma-separated seeds")

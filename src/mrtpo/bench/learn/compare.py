@@ -18,6 +18,7 @@ from typing import Any
 
 from mrtpo.bench.learn.plan import FINISHED, run_dir, run_label
 from mrtpo.bench.learn.stats import (
+    EQUAL_TIME,
     aggregate_curves,
     describe,
     finite,
@@ -41,8 +42,6 @@ HELDOUT_METRICS: dict[str, tuple[str, ...]] = {
 #: The method every other one is paired against, when it is part of the benchmark.
 REFERENCE_METHOD = "gdpo"
 TOTAL, LENGTH = "reward", "completions/mean_length"
-#: The paired measure of the total reward at equal training seconds (the reference's whole run).
-EQUAL_TIME = "reward_at_equal_time"
 
 __all__ = ["HELDOUT_METRICS", "REFERENCE_METHOD", "FinishedRun", "build_comparison", "heldout_metrics", "load_runs"]
 

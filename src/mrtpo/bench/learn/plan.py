@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
+#: The methods compared when ``--methods`` is not given (any registered method may be named).
+DEFAULT_METHODS = ("grpo", "gdpo", "mrtpo", "contrast", "entropy")
 DEFAULT_SEEDS = (0, 1, 2)
 CONFIGS_DIR = Path(__file__).resolve().parents[4] / "configs"
 FINISHED = "finished.json"
@@ -44,7 +45,7 @@ __all__ = [
     "DEFAULT_SEEDS",
     "EVAL_KEYS",
     "FINISHED",
-    "METHODS",
+    "DEFAULT_METHODS",
     "BenchError",
     "plan_configs",
     "read_preset",
@@ -129,9 +130,10 @@ def _without_policy_seed(settings: Mapping[str, Any]) -> dict[str, Any]:
 def _policy_task_args(task: str, task_args: Mapping[str, Any], policy: int) -> dict[str, Any]:
     """``task_args`` with ``policy.seed = policy`` merged in (its other keys kept); refuses a task
     without a warm-started policy and a policy seed already set by hand."""
+    from mrtpo.task_base import implements
     from mrtpo.tasks import get_task
 
-    if not hasattr(get_task(task), "policy"):
+    if not implements(get_task(task), "policy"):
         raise BenchError(f"--policies picks the gym's warm-started policy (task_args.policy.seed); task {task!r} "
                          "has none: use a gym-* task")
     given = dict(task_args.get("policy") or {})

@@ -11,8 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrtpo.bench.learn.compare import EQUAL_TIME
-from mrtpo.bench.learn.stats import finite
+from mrtpo.bench.learn.stats import EQUAL_TIME, finite
 
 EQUAL_TIME_NOTE = ("reward_at_equal_time: each run's total reward (mean of its last steps) at the last step within "
                    "the training seconds of {ref}'s run with the same seed (the sum of its per-step step_time, "

@@ -184,7 +184,7 @@ def run_one(config, eval_settings: dict[str, Any], log=logger.info,
     """
     import torch
 
-    from mrtpo.config import write_config
+    from mrtpo.saved_config import write_config
     from mrtpo.train import build_trainer
 
     folder = Path(config.args.output_dir)

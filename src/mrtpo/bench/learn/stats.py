@@ -20,6 +20,8 @@ MAX_SIGN_FLIP_PAIRS = 16
 #: Resamples of the two-level bootstrap, and its fixed RNG seed (the interval is reproducible).
 BOOTSTRAP_RESAMPLES = 10000
 BOOTSTRAP_SEED = 0
+#: The paired measure of the total reward at equal training seconds (the reference's whole run).
+EQUAL_TIME = "reward_at_equal_time"
 
 __all__ = [
     "BOOTSTRAP_RESAMPLES",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mrtpo.task_base import Task
 from mrtpo.tasks import register_task
 from mrtpo.tasks.instructions import data, evaluate as _evaluate, generate as _generate, spans as _spans
 from mrtpo.tasks.instructions.verifiers import ConstraintVerifier, slot_verifiers
@@ -26,7 +27,7 @@ SPLITS = ("train", "eval", "eval_ifeval", "eval_ifbench")
 
 
 @register_task("instructions")
-class InstructionsTask:
+class InstructionsTask(Task):
     """IFEval/IFBench constraints, one reward per constraint slot."""
 
     name = "instructions"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mrtpo.task_base import Task
 from mrtpo.tasks import register_task
 from mrtpo.tasks.sql import spans as _spans
 from mrtpo.tasks.sql.evaluate import evaluate as _evaluate
@@ -24,7 +25,7 @@ from mrtpo.verifiers import Example, Verifier
 
 
 @register_task("sql")
-class SqlTask:
+class SqlTask(Task):
     """Spider text-to-SQL: train = 9 databases (399 questions), eval = 10 databases (573).
 
     ``data_dir``: the Spider folder (else ``$MRTPO_SPIDER_DIR``, else ``../shared/data/spider``);

@@ -142,7 +142,7 @@ ALLOWED_FUNCTIONS: frozenset[str] = frozenset(
 )
 
 _KILLED = "query ran past the deadline where SQLite could not stop it; its worker process was killed"
-_WORKERS = WorkerPool()
+_WORKERS = WorkerPool(f"{__name__}:run_statement")
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
 _QUERY_KEYWORDS = frozenset({"SELECT", "WITH", "VALUES"})
 # Statement keywords of SQLite that are not queries: rejected as FORBIDDEN before SQLite sees them.

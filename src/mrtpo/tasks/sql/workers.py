@@ -14,6 +14,7 @@ closes, so none outlives the trainer.
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import subprocess
 import sys
@@ -35,13 +36,13 @@ def _child_env() -> dict[str, str]:
 
 
 class _Worker:
-    """One child process answering requests on its end of a socket pair."""
+    """One child process answering requests for ``function`` (``"module:name"``) on its end of a socket pair."""
 
-    def __init__(self) -> None:
+    def __init__(self, function: str) -> None:
         parent_end, child_end = Pipe()
         fd = child_end.fileno()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", f"from {__name__} import serve; serve({fd})"],
+            [sys.executable, "-c", f"from {__name__} import serve; serve({fd}, {function!r})"],
             pass_fds=(fd,),
             stdin=subprocess.DEVNULL,
             env=_child_env(),
@@ -57,9 +58,14 @@ class _Worker:
 
 
 class WorkerPool:
-    """Idle workers to hand out; :meth:`call` runs one request on one of them."""
+    """Idle workers to hand out; :meth:`call` runs one request of ``function`` on one of them.
 
-    def __init__(self) -> None:
+    ``function`` is named, ``"module:name"``, not passed: each child imports it itself, and this
+    module imports nothing of its callers.
+    """
+
+    def __init__(self, function: str) -> None:
+        self._function = function
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         atexit.register(self.close)
@@ -67,7 +73,7 @@ class WorkerPool:
         os.register_at_fork(after_in_child=self._forget)
 
     def call(self, args: tuple[Any, ...], deadline: float, grace_s: float) -> Any | None:
-        """``run_statement(*args, timeout_s)`` in a worker, or None when it overran (worker killed).
+        """``function(*args, timeout_s)`` in a worker, or None when it overran (worker killed).
 
         ``deadline`` is a ``time.monotonic()`` instant: the worker is sent the time left until
         then (its own, soft deadline; a worker still starting up reads it late) and is killed
@@ -90,7 +96,7 @@ class WorkerPool:
                     self._idle.append(worker)
             else:
                 worker.kill()
-                replacement = _Worker()  # starts up while the caller goes on
+                replacement = _Worker(self._function)  # starts up while the caller goes on
                 with self._lock:
                     self._idle.append(replacement)
 
@@ -102,7 +108,7 @@ class WorkerPool:
                 if worker.proc.poll() is None:
                     return worker
                 worker.kill()
-        return _Worker()
+        return _Worker(self._function)
 
     def close(self) -> None:
         """Kill every idle worker (at exit; a later call starts new ones)."""
@@ -116,14 +122,14 @@ class WorkerPool:
         self._lock = threading.Lock()
 
 
-def serve(fd: int) -> None:
-    """The child's loop: answer each ``(args, timeout_s)`` with ``run_statement(*args, timeout_s)``."""
-    from mrtpo.tasks.sql.sandbox import run_statement
-
+def serve(fd: int, function: str) -> None:
+    """The child's loop: answer each ``(args, timeout_s)`` with ``function(*args, timeout_s)``."""
+    module, name = function.split(":")
+    run = getattr(importlib.import_module(module), name)
     conn = Connection(fd)
     while True:
         try:
             args, timeout_s = conn.recv()
         except EOFError:
             return
-        conn.send(run_statement(*args, timeout_s))
+        conn.send(run(*args, timeout_s))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mrtpo.task_base import Task
 from mrtpo.tasks import register_task
 from mrtpo.tasks.toolcall import spans as _spans
 from mrtpo.tasks.toolcall.data import (
@@ -82,7 +83,7 @@ def make_example(entry: dict[str, Any], split: str) -> Example:
 
 
 @register_task("toolcall")
-class ToolCallTask:
+class ToolCallTask(Task):
     """BFCL v4 tool calling: ``format`` and ``correctness`` rewards, BFCL AST evaluation."""
 
     name = "toolcall"
