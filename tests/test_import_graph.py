@@ -24,7 +24,8 @@ DESIGN = SRC.parents[1] / "docs" / "design.md"
 #: one runs the package's ``__init__``, so none of them can sit lower than it.
 FLOORS = {
     # foundations: the credit math, verifier types, machine and hub facts, model plumbing, replay bookkeeping
-    "cli_help": 0, "credit": 0, "hub": 0, "machine": 0, "model_calls": 0, "model_names": 0, "replay_passes": 0,
+    "cli_help": 0, "credit": 0, "hub": 0, "machine": 0, "model_calls": 0, "model_names": 0, "model_presets": 0,
+    "replay_passes": 0,
     "run_outputs": 0, "testing": 0, "verifiers": 0, "warning_filters": 0,
     # on those: counterfactual contexts, model loading, packed and shared-prompt forwards, reward plumbing
     "counterfactual": 1, "models": 1, "packing": 1, "rewards": 1, "shared_prompt": 1,

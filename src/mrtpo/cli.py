@@ -23,7 +23,7 @@ from mrtpo.cli_help import did_you_mean
 #: command → (module with ``main(argv)``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mrtpo.train", "train a policy with MRTPO or a baseline method"),
-    "sft": ("mrtpo.warm_start", "supervised LoRA warm start (TRL SFTTrainer) on a task's or your own pairs"),
+    "sft": ("mrtpo.warm_start.cli", "supervised LoRA warm start (TRL SFTTrainer) on a task's or your own pairs"),
     "eval": ("mrtpo.evaluate", "score a model or checkpoint on a task's held-out split"),
     "explain": ("mrtpo.explain", "render the token-credit view for a prompt/completion pair"),
     "demo": ("mrtpo.demo", "one MRTPO credit-assignment step on the default model, printed and as HTML"),

