@@ -134,7 +134,7 @@ def _summary_rows(records: Sequence[Mapping[str, Any]], rule) -> list[dict[str, 
     last = step_records(records)[-1] if step_records(records) else {}
     for row in rows:
         name, interval = row["name"], ""
-        std = last.get(f"rewards/{name}/std")
+        std = last.get("reward_std" if name == "total reward" else f"rewards/{name}/std")
         if name in rule.binary:
             row["kind"] = "{0,1}"
             n = binary_count(row["last"], std) if isinstance(std, (int, float)) else None
