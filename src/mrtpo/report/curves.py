@@ -12,7 +12,6 @@ read the keys TRL and :class:`~mrtpo.trainer.MRTPOTrainer` log: ``rewards/<name>
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import Counter
@@ -21,60 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mrtpo.report.records import Records, load_metrics, reward_names, series, step_records
 from mrtpo.report.stats import binary_count, config_count, is_binary, reward_bands
 
 TIME_PHASES = ("generation", "scoring", "replay", "update")
 
 __all__ = ["TIME_PHASES", "BandRule", "band_rule", "draw_mean", "empty", "load_metrics", "plot_run", "plot_runs",
-           "reward_names", "series", "step_records"]
-
-Records = Sequence[Mapping[str, Any]]
-
-
-def load_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All JSON lines of a ``metrics.jsonl`` (a run folder is accepted too)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics file at {path} (a run writes <output_dir>/metrics.jsonl)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def step_records(records: Records) -> list[Mapping[str, Any]]:
-    """The per-step training lines: those with a loss or rewards, not the end-of-training summary
-    nor evaluation lines; the last line wins if a step was logged twice."""
-    by_step: dict[int, Mapping[str, Any]] = {}
-    for r in records:
-        if "train_runtime" in r or any(k.startswith("eval_") for k in r):
-            continue
-        if "loss" in r or "reward" in r:
-            by_step[int(r.get("step", 0))] = r
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def reward_names(records: Records) -> list[str]:
-    """Reward names in the order they first appear (``rewards/<name>/mean`` keys)."""
-    names: list[str] = []
-    for r in records:
-        for key in r:
-            if key.startswith("rewards/") and key.endswith("/mean"):
-                name = key[len("rewards/"):-len("/mean")]
-                if name not in names:
-                    names.append(name)
-    return names
-
-
-def series(records: Records, key: str) -> tuple[list[int], list[float]]:
-    """``(steps, values)`` of ``key`` over the step records where it is a finite number."""
-    steps, values = [], []
-    for r in step_records(records):
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            steps.append(int(r["step"]))
-            values.append(float(v))
-    return steps, values
-
+           "Records", "reward_names", "series", "step_records"]
 
 def _pyplot():
     import matplotlib

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mrtpo.report.curves import Records, reward_names, series
+from mrtpo.report.records import Records, reward_names, series
 
 __all__ = ["Diagnostic", "diagnostic_rows", "diagnostics", "draw_diagnostic"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrtpo.report.curves import Records, step_records
+from mrtpo.report.records import Records, step_records
 from mrtpo.report.token_view import CompletionView, CreditRow
 
 __all__ = ["Shown", "load_credit_samples", "metric_step", "no_spread", "pick_samples", "sample_view"]
