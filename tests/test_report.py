@@ -78,13 +78,28 @@ def test_summary_first_last_mean(run_dir):
     assert summary["steps"] == 3 and summary["last_step"] == 3
 
 
-def test_pick_samples_first_and_last_step():
-    recs = [{"step": s, "i": i} for i, s in enumerate([0, 0, 0, 1, 2, 2])]
-    picked = pick_samples(recs, 2)
-    assert [st for st, _ in picked] == [0, 2]
-    assert [r["i"] for r in picked[0][1]] == [0, 1] and [r["i"] for r in picked[1][1]] == [4, 5]
-    assert [st for st, _ in pick_samples(recs[:2], 5)] == [0]  # one step only: shown once
+def test_pick_samples_shows_one_prompt_at_the_first_and_the_last_step():
+    """Samples are tagged before their update (tag s = curves' step s + 1). Prompt b is sampled at the
+    first (tag 0) and the last (tag 3) step: both headings show b, under steps 1 and 4."""
+    recs = [{"step": st, "example_id": ex, "i": i}
+            for i, (st, ex) in enumerate([(0, "a"), (0, "b"), (0, "b"), (1, "c"), (3, "b"), (3, "d"), (3, "b")])]
+    shown = pick_samples(recs, 2)
+    assert [s.step for s in shown] == [1, 4]
+    assert [r["i"] for r in shown[0].records] == [1, 2] and [r["i"] for r in shown[1].records] == [4, 6]
+    assert shown[1].note == "the same prompt (b) as at step 1"
+    assert [s.step for s in pick_samples(recs[:3], 5)] == [1]  # one step only: shown once
     assert pick_samples(recs, 0) == [] and pick_samples([], 2) == []
+
+
+def test_pick_samples_when_the_last_step_has_other_prompts_or_none_recurs():
+    recs = [{"step": st, "example_id": ex, "i": i}
+            for i, (st, ex) in enumerate([(0, "a"), (0, "b"), (2, "b"), (2, "c"), (5, "d")])]
+    shown = pick_samples(recs, 2)  # b came back at tag 2 (step 3), not at the last step (6)
+    assert [(s.step, [r["i"] for r in s.records]) for s in shown] == [(1, [1]), (3, [2]), (6, [4])]
+    assert "latest step that sampled it again" in shown[1].note and shown[2].note == "the last step: other prompts"
+    none_back = pick_samples([recs[0], recs[4]], 2)
+    assert [s.step for s in none_back] == [1, 6]
+    assert none_back[1].note.startswith("no prompt sampled at step 1 was sampled again")
 
 
 def test_make_report_writes_html_md_png(run_dir):
@@ -94,22 +109,23 @@ def test_make_report_writes_html_md_png(run_dir):
     html = paths["html"].read_text()
     embedded = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
     assert embedded and base64.b64decode(embedded.group(1)) == paths["curves"].read_bytes()
-    # The first (step 0) and last (step 2) generation steps, two samples from step 0, none from step 1.
-    assert "generation step 0" in html and "generation step 2" in html and "generation step 1" not in html
-    assert "spider-dev-2" not in html and "spider-dev-3" not in html
+    # Prompt spider-dev-1 is sampled at the first (tag 0) and the last (tag 2) step: shown at both,
+    # numbered as the curves number them (tag + 1); the other prompts are not shown.
+    assert "<h3>step 1</h3>" in html and "<h3>step 3</h3>" in html and "<h3>step 2</h3>" not in html
+    assert "spider-dev-0" not in html and "spider-dev-2" not in html and "spider-dev-3" not in html
+    assert "step 1 · mrtpo · format=0, result=n/a" in html and "step 3 · mrtpo · format=1, result=1" in html
     # Hover text carries each token's weight and relevance for that reward; tokens are escaped.
-    assert "format · token 1 &#x27;sql&#x27;: weight 2.000, relevance 0.2000" in html
+    assert "result · token 0 &#x27;SEL&#x27;: weight 1.500, relevance 0.3000" in html
     assert "result · token 1 &#x27;FROM&#x27;: weight 1.750, relevance 0.3500" in html
     assert "&lt;b&gt;" in html and "<b>FROM" not in html
     # Summary table and (from the real Spider examples named in the samples) the question asked.
-    assert "<td>format</td><td>0.250</td><td>0.750</td><td>0.500</td>" in html
-    assert "How many singers do we have?" in html
+    assert "<td>format</td><td>0.250</td><td>0.750</td>" in html
+    assert "What is the total number of singers?" in html
     assert "reward 1 · in_prompt" in html and "privileged" in html  # sql: format in_prompt, result privileged
     md = paths["md"].read_text()
-    assert "| format | 0.250 | 0.750 | 0.500 |" in md and "| result | 0.000 | 0.500 | 0.250 |" in md
+    assert "| format | 0.250 | 0.750 |" in md and "| result | 0.000 | 0.500 |" in md
     assert "![training curves](curves.png)" in md
-    assert "`format` credit peaks on 'sql'×2.00" in md
-    assert "````text\n```sql" in md  # a completion holding ``` gets a longer fence
+    assert "`result` credit peaks on 'FROM'×1.75" in md
     assert "generation 6 s, scoring 2 s, replay 3 s, update 9 s" in md
 
 

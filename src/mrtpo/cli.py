@@ -28,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("mrtpo.explain", "render the token-credit view for a prompt/completion pair"),
     "demo": ("mrtpo.demo", "one MRTPO credit-assignment step on the default model, printed and as HTML"),
     "bench": ("mrtpo.bench", "benchmarks (`mrtpo bench` lists them)"),
-    "report": ("mrtpo.report.command", "rebuild a run folder's report (after a crash or report: false)"),
+    "report": ("mrtpo.report.command", "rebuild a run folder's report (after a crash or report: false), or "
+               "draw several runs on one figure (--compare)"),
     "export": ("mrtpo.export", "write a run's final model as one folder (a LoRA adapter merged into its base)"),
     "version": ("mrtpo", "print the version"),
 }

@@ -3,18 +3,22 @@
 :func:`make_report` reads what the trainer wrote (``config.yaml``, ``metrics.jsonl``,
 ``credit_samples.jsonl``) and renders:
 
-- ``curves.png``: each reward's mean per step (±std), total reward, length, loss, time split;
-- ``report.html``: run summary, the curves (embedded), and the token-credit view of a few sampled
-  completions from the first and from the last generation step (each token shaded by each
-  reward's weight; hover shows weight and relevance);
+- ``curves.png``: each reward's mean per step (a ``{0,1}`` reward as a proportion with its Wilson
+  interval), total reward, length, loss, time split, held-out rewards and the diagnostics (grad
+  norm, clip rate, KL, share of zero-spread groups; :mod:`mrtpo.report.curves`);
+- ``report.html``: run summary, held-out and diagnostics tables (a metric the run did not log is
+  named as missing), the curves (embedded), and the token-credit view of the same prompt at the
+  first and at the last step (:mod:`mrtpo.report.samples`; each token shaded by each reward's
+  weight on a labelled colour bar, a reward without spread shown as skipped);
 - ``report.md``: the same summary and samples as text, linking the PNG.
+
+Every step number is the one ``metrics.jsonl`` and the curves use.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import os
 import re
@@ -22,34 +26,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrtpo.report.curves import (
-    TIME_PHASES,
-    load_metrics,
-    plot_run,
-    reward_names,
-    series,
-    step_records,
-)
+from mrtpo.report.curves import TIME_PHASES, band_rule, load_metrics, plot_run, reward_names, series, step_records
+from mrtpo.report.diagnostics import diagnostic_rows
 from mrtpo.report.held_out import eval_rows
-from mrtpo.report.token_view import CSS, CompletionView, CreditRow, render_cards
+from mrtpo.report.samples import load_credit_samples, no_spread, pick_samples, sample_view
+from mrtpo.report.token_view import CSS, render_cards
 
 __all__ = ["load_credit_samples", "make_report", "pick_samples", "sample_view", "summarise"]
-
-
-def load_credit_samples(path: str | os.PathLike) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def pick_samples(samples: Sequence[Mapping[str, Any]], per_step: int) -> list[tuple[int, list[Mapping[str, Any]]]]:
-    """``[(step, records)]`` for the first and the last generation step (one entry if they coincide)."""
-    if not samples or per_step <= 0:
-        return []
-    steps = sorted({int(s["step"]) for s in samples})
-    chosen = [steps[0]] if steps[0] == steps[-1] else [steps[0], steps[-1]]
-    return [(st, [s for s in samples if int(s["step"]) == st][:per_step]) for st in chosen]
 
 
 def _fmt(v: Any, spec: str = "{:.3f}") -> str:
@@ -97,37 +80,6 @@ def _examples(config: Mapping[str, Any], ids: set[str]) -> dict[str, Any]:
         return {}
 
 
-def _last_user(example) -> str:
-    for m in reversed(example.messages):
-        if m.get("role") == "user":
-            return str(m.get("content", ""))
-    return ""
-
-
-def sample_view(record: Mapping[str, Any], example_task: tuple | None = None) -> CompletionView:
-    """A credit-samples record as a :class:`CompletionView` (rows in the record's reward order)."""
-    rewards = record.get("rewards", {})
-    relevance = record.get("relevance") or {}
-    placements: dict[str, str | None] = {}
-    notes = {"example": str(record.get("example_id", "?"))}
-    if example_task is not None:
-        example, task = example_task
-        for v in task.verifiers():
-            ev = v.evidence(example)
-            placements[v.name] = ev.placement if ev is not None else None
-        question = example.meta.get("question") or _last_user(example)
-        notes["prompt"] = question if len(question) <= 240 else question[:237] + "..."
-    rows = []
-    for name, weights in record["weights"].items():
-        evidence = placements.get(name)
-        if evidence is None and name in relevance and any(relevance[name]):
-            evidence = "evidence replay"
-        rows.append(CreditRow(name, rewards.get(name), weights, relevance.get(name), evidence))
-    reward_str = ", ".join(f"{n}={'n/a' if r is None else f'{r:g}'}" for n, r in rewards.items())
-    title = f"step {record.get('step')} · {record.get('method', '?')} · {reward_str}"
-    return CompletionView(title, record["tokens"], rows, record.get("advantage"), notes)
-
-
 def _longest_backtick_run(text: str) -> int:
     runs = re.findall(r"`+", text)
     return max(map(len, runs)) if runs else 0
@@ -140,7 +92,8 @@ def _top_tokens(record: Mapping[str, Any], name: str, k: int = 3) -> str:
 
 
 _TABLE_CSS = ("table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 10px;"
-              "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}")
+              "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+              ".missing{color:#a33;text-align:left}")
 
 
 def _read_config(out: Path) -> dict[str, Any]:
@@ -173,20 +126,50 @@ def _trend(records: Sequence[Mapping[str, Any]]) -> str:
             f"(of {len(values)})")
 
 
+def _summary_rows(records: Sequence[Mapping[str, Any]], rule) -> list[dict[str, Any]]:
+    """:func:`summarise`'s rows with each reward's kind and its last step's 95 % interval."""
+    from mrtpo.report.stats import binary_count, mean_interval, wilson_interval
+
+    rows = summarise(records)["rows"]
+    last = step_records(records)[-1] if step_records(records) else {}
+    for row in rows:
+        name, interval = row["name"], ""
+        std = last.get("reward_std" if name == "total reward" else f"rewards/{name}/std")
+        if name in rule.binary:
+            row["kind"] = "{0,1}"
+            n = binary_count(row["last"], std) if isinstance(std, (int, float)) else None
+            n = n or rule.n_hint
+            if n:
+                lo, hi = wilson_interval(min(max(row["last"], 0.0), 1.0), n)
+                interval = f"[{lo:.3f}, {hi:.3f}] (Wilson, n={n})"
+        elif isinstance(std, (int, float)) and math.isfinite(std) and rule.n_hint:
+            lo, hi = mean_interval(row["last"], std, rule.n_hint)
+            interval = f"[{lo:.3f}, {hi:.3f}] (n={rule.n_hint})"
+        row["interval"] = interval
+    return rows
+
+
+def _missing_note(row: Mapping[str, Any]) -> str:
+    return "not in metrics.jsonl" + (f" ({row['why']})" if row.get("why") else "")
+
+
 def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Path]:
     """Write ``curves.png``, ``report.html`` and ``report.md`` into the run folder; return their paths.
 
-    ``samples``: completions shown from the first and from the last generation step.
+    ``samples``: completions of one prompt shown at the first and at the last step.
     """
     out = Path(output_dir)
     records = load_metrics(out / "metrics.jsonl")
     config = _read_config(out)
     task, method, model = config.get("task", "?"), config.get("method", "?"), config.get("model", "?")
     title = f"{task} · {method} · {model}"
-    curves = plot_run(records, out / "curves.png", title=title)
+    credit_samples = load_credit_samples(out / "credit_samples.jsonl")
+    rule = band_rule(records, config, credit_samples)
+    curves = plot_run(records, out / "curves.png", title=title, rule=rule, config=config)
     summary = summarise(records)
-    picked = pick_samples(load_credit_samples(out / "credit_samples.jsonl"), samples)
-    wanted = {str(r.get("example_id")) for _, recs in picked for r in recs}
+    rows = _summary_rows(records, rule)
+    picked = pick_samples(credit_samples, samples)
+    wanted = {str(r.get("example_id")) for shown in picked for r in shown.records}
     examples = _examples(config, wanted)
 
     lora = f"LoRA r={config['lora_r']}" if config.get("lora_r") else "full fine-tuning"
@@ -207,28 +190,44 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
         split = ", ".join(f"{p} {t[p]:.0f} s" for p in TIME_PHASES if p in t)
         total = f"{t['step_time']:.0f} s in steps" if "step_time" in t else ""
         info.append(("time", "; ".join(x for x in (total, split) if x)))
+    if rule.binary:
+        info.append(("bands", f"{', '.join(sorted(rule.binary))}: {{0,1}} rewards, each step's mean a proportion with "
+                              "its 95% Wilson interval; other curves: the 95% interval of the mean"))
+    held_out = eval_rows(records)
+    no_eval = "No held-out evaluation in metrics.jsonl (the run had eval_strategy: no, or no eval_size)."
+    diag = diagnostic_rows(records, config)
 
     # --- markdown -------------------------------------------------------------------------
     md = [f"# Training report: {title}", ""]
     md += [f"- **{k}**: {v}" for k, v in info]
-    md += ["", "| metric | first step | last step | mean |", "|---|---:|---:|---:|"]
-    md += [f"| {r['name']} | {_fmt(r['first'])} | {_fmt(r['last'])} | {_fmt(r['mean'])} |" for r in summary["rows"]]
-    held_out = eval_rows(records)
+    md += ["", "| metric | first step | last step | last step 95% interval | mean |", "|---|---:|---:|---|---:|"]
+    md += [f"| {r['name']}{' ({0,1})' if r.get('kind') else ''} | {_fmt(r['first'])} | {_fmt(r['last'])} | "
+           f"{r.get('interval', '')} | {_fmt(r['mean'])} |" for r in rows]
+    md += ["", "## Held-out evaluation", ""]
     if held_out:
-        md += ["", "## Held-out evaluation", "", "| metric | first eval | last eval |", "|---|---:|---:|"]
+        md += ["| metric | first eval | last eval |", "|---|---:|---:|"]
         md += [f"| {r['name']} | {_fmt(r['first'])} (step {r['first_step']}) | "
                f"{_fmt(r['last'])} (step {r['last_step']}) |" for r in held_out]
+    else:
+        md.append(no_eval)
+    md += ["", "## Diagnostics", "", "| panel | curve | key | first | last | mean |", "|---|---|---|---:|---:|---:|"]
+    for r in diag:
+        values = (f"{_fmt(r['first'])} | {_fmt(r['last'])} | {_fmt(r['mean'])}" if not r["missing"]
+                  else f"{_missing_note(r)} | | ")
+        md.append(f"| {r['panel']} | {r['label']} | `{r['key']}` | {values} |")
     md += ["", "![training curves](curves.png)", "", "## Sampled completions", ""]
     if not picked:
         md.append("No credit samples were recorded (credit_samples=0, or no step ran).")
-    for step, recs in picked:
-        md += [f"### generation step {step}", ""]
-        for rec in recs:
+    for shown in picked:
+        md += [f"### step {shown.step}", ""] + ([f"_{shown.note}_", ""] if shown.note else [])
+        for rec in shown.records:
             rewards = ", ".join(f"{n}={'n/a' if r is None else f'{r:g}'}" for n, r in rec.get("rewards", {}).items())
             text = "".join(rec["tokens"]).strip()
             fence = "`" * max(3, _longest_backtick_run(text) + 1)  # a completion may hold ``` itself
             md += [f"**{rec.get('example_id')}** · {rewards}", "", f"{fence}text", text, fence, ""]
-            md += [f"- `{n}` credit peaks on {_top_tokens(rec, n)}" for n in rec["weights"]]
+            flat = no_spread(rec, records)
+            md += [f"- `{n}` skipped (no spread)" if n in flat else f"- `{n}` credit peaks on {_top_tokens(rec, n)}"
+                   for n in rec["weights"]]
             md.append("")
     md += [("Files: `config.yaml` (settings), `metrics.jsonl` (per step), `credit_samples.jsonl` (token weights), "
             "`checkpoint-N/` (resumable checkpoints), `report.html` (token-credit view)."), ""]
@@ -237,28 +236,42 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
 
     # --- html -----------------------------------------------------------------------------
     png = base64.b64encode(curves.read_bytes()).decode("ascii")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+    esc = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
              f"<style>{CSS}{_TABLE_CSS}</style></head><body>",
-             f"<h1>Training report: {html.escape(title)}</h1><ul>"]
-    parts += [f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>" for k, v in info]
-    parts.append("</ul><table><tr><th>metric</th><th>first step</th><th>last step</th><th>mean</th></tr>")
-    parts += [f"<tr><td>{html.escape(r['name'])}</td><td>{_fmt(r['first'])}</td><td>{_fmt(r['last'])}</td>"
-              f"<td>{_fmt(r['mean'])}</td></tr>" for r in summary["rows"]]
-    parts.append("</table>")
+             f"<h1>Training report: {esc(title)}</h1><ul>"]
+    parts += [f"<li><b>{esc(k)}</b>: {esc(str(v))}</li>" for k, v in info]
+    parts.append("</ul><table><tr><th>metric</th><th>first step</th><th>last step</th>"
+                 "<th>last step 95% interval</th><th>mean</th></tr>")
+    parts += [f"<tr><td>{esc(r['name'])}{' ({0,1})' if r.get('kind') else ''}</td><td>{_fmt(r['first'])}</td>"
+              f"<td>{_fmt(r['last'])}</td><td>{esc(r.get('interval', ''))}</td><td>{_fmt(r['mean'])}</td></tr>"
+              for r in rows]
+    parts.append("</table><h2>Held-out evaluation</h2>")
     if held_out:
-        parts.append("<h2>Held-out evaluation</h2><table><tr><th>metric</th><th>first eval</th><th>last eval</th></tr>")
-        parts += [f"<tr><td>{html.escape(r['name'])}</td><td>{_fmt(r['first'])} (step {r['first_step']})</td>"
+        parts.append("<table><tr><th>metric</th><th>first eval</th><th>last eval</th></tr>")
+        parts += [f"<tr><td>{esc(r['name'])}</td><td>{_fmt(r['first'])} (step {r['first_step']})</td>"
                   f"<td>{_fmt(r['last'])} (step {r['last_step']})</td></tr>" for r in held_out]
         parts.append("</table>")
+    else:
+        parts.append(f"<p class='missing'>{esc(no_eval)}</p>")
+    parts.append("<h2>Diagnostics</h2><table><tr><th>panel</th><th>curve</th><th>key</th><th>first</th>"
+                 "<th>last</th><th>mean</th></tr>")
+    for r in diag:
+        cells = (f"<td>{_fmt(r['first'])}</td><td>{_fmt(r['last'])}</td><td>{_fmt(r['mean'])}</td>"
+                 if not r["missing"] else f"<td colspan='3' class='missing'>{esc(_missing_note(r))}</td>")
+        parts.append(f"<tr><td>{esc(r['panel'])}</td><td>{esc(r['label'])}</td><td><code>{esc(r['key'])}</code></td>"
+                     f"{cells}</tr>")
+    parts.append("</table>")
     parts.append(f"<h2>Curves</h2><img alt='training curves' src='data:image/png;base64,{png}'>")
-    parts.append("<h2>Where each reward's credit went</h2><p>Sampled completions of the first and the last "
-                 "generation step. Each row shades the tokens by that reward's weight (hover for weight and "
-                 "relevance); the last row is the per-token advantage.</p>")
+    parts.append("<h2>Where each reward's credit went</h2><p>Sampled completions of the same prompt at the first "
+                 "and the last step (steps numbered as in the curves). Each row shades the tokens by that reward's "
+                 "weight (hover for weight and relevance); the last row is the per-token advantage.</p>")
     if not picked:
         parts.append("<p>No credit samples were recorded (credit_samples=0, or no step ran).</p>")
-    for step, recs in picked:
-        parts.append(f"<h3>generation step {step}</h3>")
-        parts.append(render_cards([sample_view(r, examples.get(str(r.get("example_id")))) for r in recs]))
+    for i, shown in enumerate(picked):
+        parts.append(f"<h3>step {shown.step}</h3>" + (f"<p class='notes'>{esc(shown.note)}</p>" if shown.note else ""))
+        parts.append(render_cards([sample_view(r, examples.get(str(r.get("example_id"))), no_spread(r, records))
+                                   for r in shown.records], legend=i == 0))
     parts.append("</body></html>")
     html_path = out / "report.html"
     html_path.write_text("".join(parts))

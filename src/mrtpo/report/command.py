@@ -1,11 +1,14 @@
-"""``mrtpo report RUN``: (re)build a run folder's report from what the run wrote.
+"""``mrtpo report RUN``: (re)build a run folder's report from what the run wrote;
+``mrtpo report --compare RUN RUN…``: several runs on one figure.
 
     mrtpo report runs/sql-mrtpo-20260101-120000
+    mrtpo report --compare runs/sql-gdpo runs/sql-mrtpo --output gdpo-vs-mrtpo.html
 
 For a run that crashed before its end, one trained with ``report: false``, or an older report:
 reads ``config.yaml``, ``metrics.jsonl`` and ``credit_samples.jsonl`` and writes ``report.html``,
 ``report.md`` and ``curves.png`` (:func:`mrtpo.report.build.make_report`), held-out (``eval_*``)
-metrics included when the run evaluated.
+metrics included when the run evaluated. ``--compare`` writes an HTML page and a PNG
+(:func:`mrtpo.report.compare.compare_runs`; ``--output``, default ``compare.html`` / ``compare.png``).
 """
 
 from __future__ import annotations
@@ -23,12 +26,35 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mrtpo report", formatter_class=HelpFormatter,
         description="Rebuild report.html / report.md / curves.png of a run folder from its metrics.jsonl "
-                    "(after a crash, or a run with report: false).")
-    p.add_argument("run", metavar="RUN", help="run folder of mrtpo train")
+                    "(after a crash, or a run with report: false); or, with --compare, draw several runs "
+                    "(e.g. GDPO and MRTPO) on one figure.")
+    p.add_argument("run", metavar="RUN", nargs="?", help="run folder of mrtpo train")
     p.add_argument("--samples", type=int, metavar="N",
-                   help="completions shown from the first and the last step "
+                   help="completions of one prompt shown at the first and the last step "
                         "(default: the run's report_samples, else 2)")
+    p.add_argument("--compare", nargs="+", metavar="RUN",
+                   help="two or more run folders drawn on one figure: each reward, total and held-out reward, "
+                        "length, loss, grad norm, time; one colour per run, the legend naming its method")
+    p.add_argument("--output", "-o", metavar="PATH", default="compare.html",
+                   help="with --compare: the HTML page to write; the PNG goes beside it (x.html and x.png)")
     return p
+
+
+def _compare(ns) -> int:
+    missing = [r for r in ns.compare if not (Path(r) / "metrics.jsonl").is_file()]
+    if missing:
+        print(f"mrtpo report: error: {', '.join(missing)} holds no metrics.jsonl (not a run folder of mrtpo "
+              "train, or no step was logged)", file=sys.stderr)
+        return 2
+    from mrtpo.report.compare import compare_runs
+
+    try:
+        paths = compare_runs(ns.compare, ns.output)
+    except ValueError as exc:  # fewer than two runs, or a torn metrics line
+        print(f"mrtpo report: error: {exc}", file=sys.stderr)
+        return 2
+    print("compare: " + ", ".join(str(p) for p in paths.values()))
+    return 0
 
 
 def _report_samples(run: Path) -> int:
@@ -44,6 +70,15 @@ def _report_samples(run: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
+    if ns.compare is not None:
+        if ns.run is not None:
+            print("mrtpo report: error: give either RUN or --compare RUN RUN..., not both", file=sys.stderr)
+            return 2
+        return _compare(ns)
+    if ns.run is None:
+        print("mrtpo report: error: name a run folder (mrtpo report RUN) or runs to compare (--compare RUN RUN...)",
+              file=sys.stderr)
+        return 2
     run = Path(ns.run)
     if not (run / "metrics.jsonl").is_file():
         print(f"mrtpo report: error: {run} holds no metrics.jsonl (not a run folder of mrtpo train, or no step "

@@ -57,14 +57,23 @@ def eval_rows(records: Records) -> list[dict[str, Any]]:
 
 
 def draw_held_out(ax, records: Records) -> bool:
-    """Plot the held-out total reward and each reward's mean against the step; False if none."""
+    """Plot the held-out total reward and each reward's mean against the step (a ``{0,1}`` reward
+    with its Wilson interval, ``n`` read from its logged std: :mod:`mrtpo.report.stats`); False if none."""
+    from mrtpo.report.stats import binary_count, is_binary, reward_bands
+
     drawn = False
     for key in [k for k in eval_keys(records) if k == "eval_reward" or k.startswith("eval_rewards/")]:
         steps, values = eval_series(records, key)
-        if steps:
-            label = "total" if key == "eval_reward" else key[len("eval_rewards/"):-len("/mean")]
-            ax.plot(steps, values, marker="o", label=label)
-            drawn = True
+        if not steps:
+            continue
+        label = "total" if key == "eval_reward" else key[len("eval_rewards/"):-len("/mean")]
+        line = ax.plot(steps, values, marker="o", label=label)[0]
+        std = dict(zip(*eval_series(records, key[:-len("mean")] + "std"))) if key != "eval_reward" else {}
+        if std and all(s in std for s in steps) and is_binary(list(zip(values, [std[s] for s in steps]))):
+            counts = [n for n in (binary_count(v, std[s]) for s, v in zip(steps, values)) if n]
+            lows, highs, _ = reward_bands(values, [std[s] for s in steps], True, max(set(counts), key=counts.count))
+            ax.fill_between(steps, lows, highs, alpha=0.2, color=line.get_color())
+        drawn = True
     if drawn:
         ax.legend(fontsize=7)
     return drawn

@@ -440,11 +440,15 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             self._write_credit_samples(inputs, out, batch, weights, advantages, maps)
 
     def _write_credit_samples(self, inputs, out, batch, weights, advantages, maps) -> None:
-        """Append this step's first ``credit_samples`` completions to ``credit_samples.jsonl``."""
+        """Append this step's first ``credit_samples`` completions to ``credit_samples.jsonl``, each with
+        the rewards that had no spread in its group (the report says "skipped" rather than "uniform")."""
+        g = self.num_generations
+        flat = (group_normalize(self._last_rewards, g).view(-1, g, self._last_rewards.shape[1]) == 0).all(1)
         append_samples(Path(self.args.output_dir) / "credit_samples.jsonl", inputs[:self.args.credit_samples],
                        out["completion_ids"], batch.mask, batch.local_rewards(), weights, advantages,
                        maps.get("relevance"), step=self.state.global_step, method=self.args.method,
-                       names=self.reward_func_names, decode=self.processing_class.decode)
+                       names=self.reward_func_names, decode=self.processing_class.decode,
+                       no_spread=flat.repeat_interleave(g, 0)[batch.rows or slice(None)])
 
 
 __all__ = ["GLOBAL_NORMALISER_LOSSES", "SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES", "TRL_AGGREGATION",

@@ -184,10 +184,11 @@ def credit_metric_sums(weights: Tensor, lengths: Sequence[int], names: Sequence[
 
 def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[str], rewards: Sequence[float],
                   token_ids: Sequence[int], tokens: Sequence[str], weights: Tensor, advantage: Tensor,
-                  relevance: Tensor | None = None) -> dict[str, Any]:
+                  relevance: Tensor | None = None, no_spread: Sequence[bool] | None = None) -> dict[str, Any]:
     """One line of ``credit_samples.jsonl`` (the token-credit view): a completion's tokens with each
     reward's weights ``(K, n)``, its advantage ``(n,)`` and, for ``mrtpo``, its relevance ``(K, n)``;
-    a NaN reward (not scored) is written as ``null``."""
+    a NaN reward (not scored) is written as ``null``. ``no_spread`` ``(K,)``: the rewards with no
+    spread in the completion's group (advantage 0: they give it no credit), listed by name."""
     record = {
         "step": step, "example_id": example_id, "method": method,
         "rewards": {name: None if math.isnan(r) else r for name, r in zip(names, rewards)},
@@ -197,14 +198,17 @@ def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[st
     }
     if relevance is not None:
         record["relevance"] = {name: relevance[i].tolist() for i, name in enumerate(names)}
+    if no_spread is not None:
+        record["no_spread"] = [name for name, flat in zip(names, no_spread) if flat]
     return record
 
 
 def append_samples(path: Path, rows: Sequence[dict], completion_ids: Tensor, mask: Tensor, rewards: Tensor,
                    weights: Tensor, advantages: Tensor, relevance: Tensor | None, *, step: int, method: str,
-                   names: Sequence[str], decode: Callable[[list[int]], str]) -> None:
+                   names: Sequence[str], decode: Callable[[list[int]], str], no_spread: Tensor | None = None) -> None:
     """Append a :func:`credit_sample` line to ``path`` for each of the batch's first ``len(rows)``
-    completions (``rows``: their input rows; ``decode``: one token id list to its text)."""
+    completions (``rows``: their input rows; ``decode``: one token id list to its text; ``no_spread``
+    ``(B, K)`` bool: the rewards without spread in each completion's group)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         for j, row in enumerate(rows):
@@ -214,7 +218,8 @@ def append_samples(path: Path, rows: Sequence[dict], completion_ids: Tensor, mas
                 step=step, example_id=str(row.get("example_id", "")), method=method, names=names,
                 rewards=rewards[j].tolist(), token_ids=ids, tokens=[decode([i]) for i in ids],
                 weights=weights[j, :, :n], advantage=advantages[j, :n],
-                relevance=relevance[j, :, :n] if relevance is not None else None)
+                relevance=relevance[j, :, :n] if relevance is not None else None,
+                no_spread=no_spread[j].tolist() if no_spread is not None else None)
             f.write(json.dumps(record) + "\n")
 
 
