@@ -125,7 +125,8 @@ def test_train_command_writes_the_run_folder(cli_run):
     assert "data:image/png;base64," in html and "class='tok'" in html
     for name in ("format", "executes", "result"):
         assert f"<b>{name}</b>" in html
-    assert "generation step 0" in html and "generation step 1" in html
+    # the samples tagged 0 and 1 (before each update) show under the curves' step numbers, 1 and 2
+    assert "<h3>step 1</h3>" in html and "<h3>step 2</h3>" in html
     md = (out / "report.md").read_text()
     assert "![training curves](curves.png)" in md and "| format |" in md
 
