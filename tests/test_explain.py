@@ -101,3 +101,19 @@ def test_bad_inputs_exit_2(tiny_dir, tmp_path, capsys):
     assert "out of range" in capsys.readouterr().err
     assert main(["--task", "sql", "--model", str(tiny_dir), "--completion-file", str(tmp_path / "missing.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_every_registered_method_explains(tiny, sql, one_thread):
+    """``--method`` takes the registry's names: every method (controls and plugins' included) gives a
+    ``(K, T)`` weight map whose rows average 1 over the completion (credit moved, not created)."""
+    from mrtpo.credit import available_methods
+    from mrtpo.explain import _parse
+
+    model, tok = tiny
+    task, example = sql
+    ids = tok(WRONG_TABLE, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    for method in available_methods():
+        assert _parse(["--task", "sql", "--method", method]).method == method
+        weights = explain(model, tok, task, example, ids, WRONG_TABLE, method=method)["weights"]
+        assert weights.shape == (3, len(ids))
+        torch.testing.assert_close(weights.mean(-1), torch.ones(3), msg=method)
