@@ -209,10 +209,12 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     run, args = config.run, config.args
     data = data if data is not None else load_task_data(config)
     task, train, evals, examples = data.task, data.train, data.evals, data.examples
-    rewards = [VerifierReward(v, examples) for v in task.verifiers()]
+    own_rows = getattr(task, "trainer_rows", None)  # a task file: its functions and columns, called as TRL calls them
+    rewards = task.reward_funcs() if own_rows else [VerifierReward(v, examples) for v in task.verifiers()]
 
     def rows(exs):
-        return Dataset.from_list([{"prompt": ex.messages, "example_id": ex.id} for ex in exs])
+        return Dataset.from_list(own_rows(exs) if own_rows else
+                                 [{"prompt": ex.messages, "example_id": ex.id} for ex in exs])
 
     model, tokenizer, warm_folder = load_model(config, task)
     peft_config = None

@@ -221,7 +221,11 @@ def _evaluate_timed(model, tokenizer, task, examples, batch_size, max_new_tokens
         desc=f"eval {getattr(task, 'name', '')}".strip(),
     )
     t1 = time.perf_counter()
-    metrics = task.evaluate([g.output for g in gens], examples)
+    import inspect
+
+    ids = {"completion_ids": [g.token_ids for g in gens]} if "completion_ids" in inspect.signature(
+        task.evaluate).parameters else {}  # a task file's rewards get the token ids, as in training
+    metrics = task.evaluate([g.output for g in gens], examples, **ids)
     return metrics, gens, t1 - t0, time.perf_counter() - t1
 
 

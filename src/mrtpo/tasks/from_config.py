@@ -4,19 +4,31 @@ A ``task:`` block in a training config (or a task file of its own, ``mrtpo train
 
     task:
       dataset: prompts.jsonl          # json/jsonl/csv/parquet file(s), a saved dataset folder, or a hub id
-      prompt: instruction             # the prompt column: plain text or a list of chat messages
+      prompt: instruction             # the prompt column: chat messages, or raw text (see below)
       eval_fraction: 0.2              # or eval_split: test (a split of the dataset)
-      rewards:                        # file.py:function (next to this file) or package.module:function
-        rewards.py:no_commas: 1.0     #   -> its weight
-        rewards.py:short: 0.5
+      rewards:                        # file.py:function (next to this file), package.module:function,
+        rewards.py:no_commas: 1.0     #   or package.module.function -> its weight
+        trl.rewards.think_format_reward: 0.5
+        trl.rewards.get_soft_overlong_punishment:    # a factory: called with args, gives the reward
+          weight: 1.0
+          args: {max_completion_len: 64, soft_punish_cache: 16}
 
-Each reward is an ordinary TRL reward function ``fn(prompts, completions, **columns) -> list[float]``
-(it may carry :func:`mrtpo.rewards.evidence`); the task calls it once per completion with that row's
-columns. Paths are relative to the YAML file's folder. The file's path is the task's name in the
-registry (:func:`mrtpo.tasks.get_task` registers it on first use), so a run's saved ``config.yaml``
-names it and the report, ``mrtpo eval`` and ``mrtpo explain`` find it again. Every mistake (a missing
-file or column, a reward that does not import, an unknown key) is a :class:`TaskFileError` that says
-the fix.
+Each reward is an ordinary TRL reward function (it may carry :func:`mrtpo.rewards.evidence`), and
+training calls it exactly as TRL's GRPOTrainer does, because the trainer is TRL's: once per batch,
+with ``prompts``, ``completions``, ``completion_ids``, ``trainer_state``, ``log_extra``,
+``log_metric`` and every dataset column as keywords (:mod:`mrtpo.reward_calls`; the prompt column
+comes as ``prompts``, and ``example_id`` is added). The prompt rule is TRL's, for the command line
+and the library alike: a prompt that is a list of ``{role, content}`` messages is rendered with the
+chat template and its completions reach the rewards as ``[{"role": "assistant", "content": ...}]``;
+a text prompt is a raw continuation (no chat template) and its completions are text. For a chat
+model, give the prompt column as messages. ``mrtpo eval`` and ``mrtpo explain`` make the same call
+outside training (``trainer_state`` None, no token ids in ``explain``).
+
+Paths are relative to the YAML file's folder. The file's path is the task's name in the registry
+(:func:`mrtpo.tasks.get_task` registers it on first use), so a run's saved ``config.yaml`` names it
+and the report, ``mrtpo eval`` and ``mrtpo explain`` find it again. Every mistake (a missing file or
+column, a reward that does not import, an argument a reward needs that no column gives, an unknown
+key) is a :class:`TaskFileError`, raised before any model loads, that says the fix.
 """
 
 from __future__ import annotations
@@ -48,9 +60,10 @@ class TaskSpec:
     dataset: Any = None
     """a data file, a list of them, a mapping split -> file(s), a saved dataset folder, or a hub id"""
     prompt: str = "prompt"
-    """the prompt column: text (one user turn) or a list of {role, content} messages"""
+    """the prompt column: a list of {role, content} messages (chat template), or text (raw continuation), as in TRL"""
     rewards: Any = None
-    """reward functions: a list of paths, or a mapping path -> weight (path: file.py:fn or pkg.module:fn)"""
+    ("reward functions: a list of paths, or a mapping path -> weight or {weight, args} (path: file.py:fn, "
+     "pkg.module:fn or pkg.module.fn; args: a factory's keyword arguments)")
     name: str | None = None
     """the task's short name (run folder names, messages); default: the YAML file's folder name"""
     subset: str | None = None
@@ -137,44 +150,95 @@ def _module_from_file(path: Path) -> Any:
     return module
 
 
-def load_reward(ref: Any, folder: Path) -> Any:
-    """The function that ``ref`` (``file.py:fn`` relative to ``folder``, or ``pkg.module:fn``) names."""
-    if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")):
-        raise TaskFileError(f"reward {ref!r} must be 'file.py:function' or 'package.module:function'")
-    where, attr = ref.split(":")
+def _import_target(ref: str, folder: Path) -> tuple[Any, str, str]:
+    """``(module, attribute, where)`` that ``ref`` names: ``file.py:fn``, ``pkg.module:fn`` or ``pkg.module.fn``."""
+    if ":" in ref:
+        where, attr = ref.split(":")
+    else:
+        where, _, attr = ref.rpartition(".")
     try:
         if where.endswith(".py") or "/" in where:
             path = (folder / where).resolve()
             if not path.is_file():
                 raise TaskFileError(f"reward {ref!r}: file {path} does not exist (paths are relative to the "
                                     "folder of the task's YAML file)")
-            module = _module_from_file(path)
-        else:
-            module = importlib.import_module(where)
+            return _module_from_file(path), attr, where
+        return importlib.import_module(where), attr, where
     except TaskFileError:
         raise
     except Exception as exc:  # noqa: BLE001 -- the user's module may raise anything while importing
         raise TaskFileError(f"reward {ref!r}: {where} does not import ({type(exc).__name__}: {exc})") from None
-    if not hasattr(module, attr):
+
+
+def load_reward(ref: Any, folder: Path, args: dict[str, Any] | None = None) -> Any:
+    """The function that ``ref`` names (``file.py:fn`` relative to ``folder``, ``pkg.module:fn`` or
+    ``pkg.module.fn``); with ``args``, ``ref`` is a factory (``trl.rewards.get_soft_overlong_punishment``)
+    and the reward is what it returns for those keyword arguments."""
+    dotted = isinstance(ref, str) and ":" not in ref and "." in ref.strip(".") and not ref.endswith(".py")
+    if not isinstance(ref, str) or not (dotted or ref.count(":") == 1 and all(ref.split(":"))):
+        raise TaskFileError(f"reward {ref!r} must be 'file.py:function', 'package.module:function' or "
+                            "'package.module.function'")
+    module, attr, where = _import_target(ref, folder)
+    try:
+        fn = getattr(module, attr)
+    except AttributeError:
         defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                          and getattr(v, "__module__", None) == module.__name__)
+        if not defined:  # a lazy module (trl.rewards) lists its names in __all__ / dir()
+            defined = sorted(n for n in getattr(module, "__all__", dir(module)) if not n.startswith("_"))
         raise TaskFileError(f"reward {ref!r}: {where} has no {attr!r}{_did_you_mean(attr, defined)}; "
-                            f"it defines {', '.join(defined) or 'no functions'}")
-    fn = getattr(module, attr)
+                            f"it defines {', '.join(defined) or 'no functions'}") from None
     if not callable(fn):
         raise TaskFileError(f"reward {ref!r} is a {type(fn).__name__}, not a function "
                             "fn(prompts, completions, **columns) -> list[float]")
-    return fn
+    _check_extras(ref, fn)
+    if args is None:
+        return fn
+    if not isinstance(args, dict):
+        raise TaskFileError(f"args of reward {ref!r} must be a mapping of keyword arguments, got {args!r}")
+    try:
+        made = fn(**args)
+    except Exception as exc:  # noqa: BLE001 -- a factory may refuse its arguments in any way
+        raise TaskFileError(f"reward {ref!r} called with args {args!r} raised {type(exc).__name__}: {exc}") from None
+    if not callable(made):
+        raise TaskFileError(f"reward {ref!r} with args gave a {type(made).__name__}, not a reward function; "
+                            "give args only to a factory that returns one")
+    return made
+
+
+#: TRL rewards that need an optional package (checked when the task loads, not at the first step).
+_NEEDS = {"accuracy_reward": "math_verify", "reasoning_accuracy_reward": "math_verify",
+          "get_cosine_scaled_reward": "math_verify"}
+_PIP = {"math_verify": "math-verify"}
+
+
+def _check_extras(ref: str, fn: Any) -> None:
+    if not str(getattr(fn, "__module__", "")).startswith("trl.rewards"):
+        return
+    package = _NEEDS.get(getattr(fn, "__name__", ""))
+    if package and importlib.util.find_spec(package) is None:
+        raise TaskFileError(f"reward {ref!r} needs the {package!r} package, which is not installed: "
+                            f"`pip install {_PIP.get(package, package)}`")
 
 
 def reward_list(spec: TaskSpec) -> list[tuple[str, Any, float]]:
-    """``(path, function, weight)`` for each reward of ``spec``, in order."""
+    """``(path, function, weight)`` for each reward of ``spec``, in order. A mapping's value is the
+    weight, or ``{weight: w, args: {...}}`` (args: the keyword arguments of a reward factory)."""
     items = spec.rewards.items() if isinstance(spec.rewards, dict) else ((r, 1.0) for r in spec.rewards)
     out = []
-    for ref, weight in items:
+    for ref, value in items:
+        args = None
+        if isinstance(value, dict):
+            unknown = set(value) - {"weight", "args"}
+            if unknown:
+                raise TaskFileError(f"reward {ref!r}: unknown key(s) {', '.join(map(str, sorted(unknown)))}; "
+                                    "a reward's mapping takes weight and args")
+            weight, args = value.get("weight", 1.0), value.get("args", {})
+        else:
+            weight = value
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise TaskFileError(f"the weight of reward {ref!r} must be a number, got {weight!r}")
-        out.append((ref, load_reward(ref, spec.folder), float(weight)))
+        out.append((ref, load_reward(ref, spec.folder, args), float(weight)))
     return out
 
 
@@ -244,31 +308,45 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
 # The task.
 # --------------------------------------------------------------------------------------------
 class FunctionVerifier:
-    """A TRL reward function as a :class:`~mrtpo.verifiers.Verifier`: called on one completion with its
-    example's row (``example.gold``); its evidence is the one its ``@evidence`` declares for that row."""
+    """A TRL reward function as a :class:`~mrtpo.verifiers.Verifier` for one completion at a time
+    (``mrtpo explain``, the report): TRL's call on a batch of one, with its example's row
+    (``example.gold``); its evidence is the one its ``@evidence`` declares for that row."""
 
-    def __init__(self, fn: Any, prompt_column: str, chat: bool):
-        self.fn, self.prompt_column, self.chat = fn, prompt_column, chat
-        self.name = getattr(fn, "__name__", type(fn).__name__)
+    def __init__(self, fn: Any, prompt_column: str, name: str | None = None):
+        self.fn, self.prompt_column = fn, prompt_column
+        self.name = name or reward_name(fn)
 
     def __call__(self, completion: str, example: Example) -> float | None:
-        from mrtpo.rewards import check_reward_values
-
-        row = dict(example.gold)
-        prompt = row.pop(self.prompt_column)
-        shown = [{"role": "assistant", "content": completion}] if self.chat else completion
-        values = check_reward_values(self.name, self.fn(prompts=[prompt], completions=[shown],
-                                                        **{k: [v] for k, v in row.items()}), [example.id])
-        if len(values) != 1:
-            from mrtpo.rewards import RewardValueError
-
-            raise RewardValueError(f"reward function {self.name!r} returned {len(values)} values for 1 completion")
+        values = score(self.fn, self.name, [completion], [example], self.prompt_column)
         return None if values[0] is None else float(values[0])
 
     def evidence(self, example: Example) -> Evidence | None:
         from mrtpo.rewards import evidence_for
 
         return evidence_for(self.fn, example.gold)
+
+
+def reward_name(fn: Any) -> str:
+    """A reward function's name, as TRL names it (``__name__``, else its class's name)."""
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def score(fn: Any, name: str, texts: list[str], examples: list[Example], prompt_column: str,
+          completion_ids: list[list[int]] | None = None) -> list[Any]:
+    """Reward ``fn``'s values for ``texts`` (one per example), from one call made as TRL makes it
+    (:func:`mrtpo.reward_calls.call_reward`), checked as the trainer checks them."""
+    from mrtpo.reward_calls import call_reward
+    from mrtpo.rewards import RewardValueError, check_reward_values
+
+    rows = [dict(ex.gold) for ex in examples]
+    prompts = [row.pop(prompt_column) for row in rows]
+    columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {})}
+    columns["example_id"] = [ex.id for ex in examples]
+    values = call_reward(fn, prompts, texts, columns, completion_ids=completion_ids)
+    values = check_reward_values(name, values, [ex.id for ex in examples])
+    if len(values) != len(texts):
+        raise RewardValueError(f"reward function {name!r} returned {len(values)} values for {len(texts)} completions")
+    return list(values)
 
 
 def as_messages(value: Any, where: str) -> list[dict[str, Any]]:
@@ -281,7 +359,13 @@ def as_messages(value: Any, where: str) -> list[dict[str, Any]]:
 
 
 class ConfigTask:
-    """A :class:`~mrtpo.tasks.Task` over a :class:`TaskSpec`'s dataset and reward functions."""
+    """A :class:`~mrtpo.tasks.Task` over a :class:`TaskSpec`'s dataset and reward functions.
+
+    The trainer gets the functions themselves (:meth:`reward_funcs`) and the dataset's rows
+    (:meth:`trainer_rows`), so TRL calls them as it calls any reward. An example's ``messages`` hold
+    a text prompt as one user turn (the counterfactual prompts cut evidence from it); whether it is
+    rendered raw or with the chat template is :attr:`chat` (:meth:`render_prompt`).
+    """
 
     splits = ("train", "eval")
 
@@ -290,12 +374,12 @@ class ConfigTask:
         self.max_new_tokens = spec.max_new_tokens
         self.rewards = reward_list(spec)
         self.reward_weights = [w for _, _, w in self.rewards]
-        names = [getattr(fn, "__name__", ref) for ref, fn, _ in self.rewards]
+        names = [reward_name(fn) for _, fn, _ in self.rewards]
         if len(set(names)) != len(names):
             raise TaskFileError(f"two rewards share a function name ({', '.join(names)}); rename one")
+        self.chat = False
         self._examples = self._build()
-        chat = any(not isinstance(ex.gold[spec.prompt], str) for ex in self._examples["train"][:1])
-        self._verifiers = [FunctionVerifier(fn, spec.prompt, chat) for _, fn, _ in self.rewards]
+        self._verifiers = [FunctionVerifier(fn, spec.prompt, n) for (_, fn, _), n in zip(self.rewards, names)]
 
     def _build(self) -> dict[str, list[Example]]:
         spec = self.spec
@@ -312,7 +396,13 @@ class ConfigTask:
             if col not in columns:
                 raise TaskFileError(f"dataset {spec.dataset!r} has no column {col!r}{_did_you_mean(col, columns)}; "
                                     f"its columns: {', '.join(columns)}")
+        self._check_calls(columns)
         train = self._examples_of(splits[spec.train_split], spec.train_split)
+        kinds = {isinstance(ex.gold[spec.prompt], str) for ex in train}
+        if len(kinds) > 1:
+            raise TaskFileError(f"column {spec.prompt!r} mixes text prompts and chat messages; TRL needs one format "
+                                "per dataset (messages for a chat model, text for raw continuation)")
+        self.chat = kinds == {False}
         if spec.eval_split is not None:
             return {"train": train, "eval": self._examples_of(splits[spec.eval_split], spec.eval_split)}
         order = list(range(len(train)))
@@ -320,6 +410,26 @@ class ConfigTask:
         held = set(order[:round(len(train) * spec.eval_fraction)])
         return {"train": [ex for i, ex in enumerate(train) if i not in held],
                 "eval": [ex for i, ex in enumerate(train) if i in held]}
+
+    def _check_calls(self, columns: list[str]) -> None:
+        """The trainer's dataset (the prompt column as ``prompt``, plus ``example_id``) must not clash with
+        the task's columns, and TRL's call of each reward on it must bind (:func:`~mrtpo.reward_calls.call_problem`)."""
+        from mrtpo.reward_calls import call_problem
+
+        spec = self.spec
+        for clash in ("prompt", "example_id"):
+            if clash in columns and clash != spec.prompt and not (clash == "example_id" == spec.id_column):
+                raise TaskFileError(f"dataset {spec.dataset!r} has a column {clash!r} besides the prompt column "
+                                    f"{spec.prompt!r}; the trainer's dataset uses that name ("
+                                    + ("TRL's prompt column): rename the column, or set prompt: prompt"
+                                       if clash == "prompt" else "the example ids): set id_column: example_id")
+                                    + ")")
+        renamed = ["prompt" if c == spec.prompt else c for c in columns]
+        trainer_columns = [*renamed, *([] if "example_id" in renamed else ["example_id"])]
+        for ref, fn, _ in self.rewards:
+            problem = call_problem(fn, reward_name(fn), trainer_columns)
+            if problem is not None:
+                raise TaskFileError(f"{problem} (reward {ref!r} of {spec.dataset!r})")
 
     def _examples_of(self, rows: Any, split: str) -> list[Example]:
         out = []
@@ -338,18 +448,47 @@ class ConfigTask:
     def verifiers(self) -> list[FunctionVerifier]:
         return list(self._verifiers)
 
-    def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
-        """Mean of each reward over the outputs, and their weighted sum (``reward_total``)."""
+    def reward_funcs(self) -> list[Any]:
+        """The reward functions themselves, for the trainer (TRL calls them; their ``@evidence`` reads the rows)."""
+        return [fn for _, fn, _ in self.rewards]
+
+    def trainer_rows(self, examples: list[Example]) -> list[dict[str, Any]]:
+        """The trainer's dataset rows: each example's columns, the prompt column as ``prompt`` (as given:
+        text or messages), and ``example_id``."""
+        rows = []
+        for ex in examples:
+            row = {k: v for k, v in ex.gold.items() if k != self.spec.prompt}
+            rows.append({"prompt": ex.gold[self.spec.prompt], **row, "example_id": ex.id})
+        return rows
+
+    def render_prompt(self, example: Example, tokenizer: Any) -> str:
+        """The prompt string as TRL renders it: a chat prompt through the chat template, a text prompt as is
+        (its one user turn's text: the counterfactuals edit that turn)."""
+        if self.chat:
+            from mrtpo.counterfactual import default_render_prompt
+
+            return default_render_prompt(example, tokenizer)
+        return "".join(str(m["content"]) for m in example.messages)
+
+    def evaluate(self, outputs: list[str], examples: list[Example],
+                 completion_ids: list[list[int]] | None = None) -> dict[str, Any]:
+        """Mean of each reward over the outputs (one call per reward, as TRL makes it), and their weighted
+        sum (``reward_total``). A reward's None / NaN ("not applicable") counts as 0."""
         if len(outputs) != len(examples):
             raise ValueError(f"{len(outputs)} outputs for {len(examples)} examples")
         n = max(len(outputs), 1)
         metrics: dict[str, Any] = {}
         for v in self._verifiers:
-            metrics[f"reward/{v.name}"] = sum(v(o, ex) or 0.0 for o, ex in zip(outputs, examples)) / n
+            values = score(v.fn, v.name, list(outputs), examples, self.spec.prompt, completion_ids) if outputs else []
+            metrics[f"reward/{v.name}"] = sum(_finite(x) for x in values) / n
         metrics["reward_total"] = sum(w * metrics[f"reward/{v.name}"]
                                       for v, w in zip(self._verifiers, self.reward_weights))
         metrics["n"] = len(outputs)
         return metrics
+
+
+def _finite(value: Any) -> float:
+    return 0.0 if value is None or value != value else float(value)
 
 
 def task_name(path: str | Path, spec: TaskSpec) -> str:
@@ -364,4 +503,4 @@ def load_task_file(path: str | Path) -> ConfigTask:
 
 
 __all__ = ["ConfigTask", "FunctionVerifier", "TaskFileError", "TaskSpec", "as_messages", "load_reward",
-           "load_splits", "load_task_file", "read_spec", "reward_list", "spec_from_mapping"]
+           "load_splits", "load_task_file", "read_spec", "reward_list", "reward_name", "score", "spec_from_mapping"]

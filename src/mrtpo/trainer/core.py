@@ -61,6 +61,7 @@ from mrtpo.replay_plan import (
     plan_group,
     plan_replays,
 )
+from mrtpo.reward_calls import check_reward_calls
 from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer.card import ModelCardMixin
@@ -86,6 +87,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_reward_calls(GRPOTrainer.__init__, self, *args, **kwargs)  # before GRPOTrainer loads a model by name
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, MRTPOConfig):
             raise TypeError("MRTPOTrainer needs an MRTPOConfig (args=MRTPOConfig(...))")
