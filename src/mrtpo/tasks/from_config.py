@@ -119,6 +119,8 @@ def spec_from_mapping(block: dict[str, Any], folder: Path, source: str) -> TaskS
                             "(a file, a saved dataset folder or a hub id)")
     if not spec.rewards:
         raise TaskFileError(f"the task block of {source} names no rewards: add `rewards: [rewards.py:my_reward]`")
+    if isinstance(spec.rewards, str):  # one reward
+        spec.rewards = [spec.rewards]
     if not isinstance(spec.rewards, (list, dict)):
         raise TaskFileError(f"rewards in {source} must be a list of paths or a mapping path -> weight, "
                             f"got {spec.rewards!r}")
