@@ -133,5 +133,5 @@ def call_reward(fn: Any, prompts: list[Any], texts: list[str], columns: Mapping[
     return out
 
 
-__all__ = ["TRL_HELD_COLUMNS", "TRL_KEYWORDS", "as_completion", "call_problem", "check_reward_calls", "call_reward", "is_conversational",
-           "reward_keywords"]
+__all__ = ["TRL_HELD_COLUMNS", "TRL_KEYWORDS", "as_completion", "call_problem", "call_reward", "check_reward_calls",
+           "is_conversational", "reward_keywords"]
