@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import difflib
 import importlib.util
 import itertools
 import math
@@ -27,6 +26,7 @@ from typing import Any
 import yaml
 
 from mrtpo.tasks import TASK_NAMES, task_label, task_problem, task_ref, task_settings
+from mrtpo.trl_names import optional_dependency_problem, translate, unknown_key_message
 
 CONFIG_NAME = "config.yaml"
 KEYS_HINT = "the full list: `mrtpo train --list-keys` (or docs/training.md)"
@@ -273,8 +273,7 @@ def _check_keys(layer: dict[str, Any], source: str, known: dict[str, str]) -> di
                 continue  # the new name is there too and wins
             key = _ALIASES[key]
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = unknown_key_message(key, known)
             raise ConfigError(f"unknown config key {key!r} in {source}{hint}. Valid keys are the run settings "
                               f"and the MRTPOConfig fields; {KEYS_HINT}")
         out[key] = value
@@ -335,7 +334,7 @@ def load_config(
     run_hints, trainer_hints = _type_hints(RunSettings), _type_hints(MRTPOConfig)
     run_names = {f.name for f in dataclasses.fields(RunSettings)}
     for source, layer in layers:
-        checked = _check_keys(layer, source, known)
+        checked = _check_keys(translate(layer, merged), source, known)  # TRL's names (mrtpo.trl_names) too
         for key, value in checked.items():
             other = _EXCLUSIVE.get(key)
             if other is not None and other not in checked:  # a later layer's choice replaces the pair
@@ -381,6 +380,8 @@ def load_config(
     elif "steps_per_generation" not in explicit:
         trainer_kwargs.pop("generation_batch_size", None)
     _validate_trainer(trainer_kwargs)
+    if (problem := optional_dependency_problem(trainer_kwargs)) is not None:
+        raise ConfigError(problem)
     if str(trainer_kwargs.get("eval_strategy", "no")) not in ("no", "IntervalStrategy.NO") and not run.eval_size:
         raise ConfigError(f"eval_strategy={trainer_kwargs['eval_strategy']!r} needs held-out prompts: set eval_size "
                           "(e.g. eval_size=16), or eval_strategy=no")
