@@ -105,7 +105,7 @@ def parse_model_init(model: str, kwargs: Any, *, dtype: str = "float32", dtype_g
     given: dict[str, Any] = {}
     for key, value in kwargs.items():
         name = _ALIASES.get(key, key)
-        if name in NOT_TAKEN:
+        if name not in KEYS and name in NOT_TAKEN:
             raise ModelInitError(f"model_init_kwargs: {key}: {NOT_TAKEN[name]}")
         if name not in KEYS:
             close = difflib.get_close_matches(str(key), KEYS, n=1)
