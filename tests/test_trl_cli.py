@@ -1,0 +1,157 @@
+"""TRL conventions on ``mrtpo train``: ``--field value`` flags, TRL's names, and TRL's knobs (mrtpo.cli_args,
+mrtpo.trl_names, mrtpo.model_init): each knob works, or is refused before any model loads with its reason."""
+
+import importlib.util
+import json
+
+import pytest
+
+from mrtpo.cli_args import split_argv
+from mrtpo.config import ConfigError, load_config, valid_keys
+from mrtpo.train import _parser, main, resolve_from_argv
+from mrtpo.trl_names import PEFT_DEFAULT_R, suggest
+
+
+def _resolve(argv):
+    parser = _parser()
+    rest, fields = split_argv(argv, parser)
+    ns = parser.parse_args(rest)
+    ns.fields = fields
+    return resolve_from_argv(ns)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# --field value.
+# --------------------------------------------------------------------------------------------
+def test_field_flags_split_from_the_named_ones():
+    parser = _parser()
+    rest, fields = split_argv(["--num_generations", "4", "--max_steps", "3", "--use_peft", "temperature=0.7",
+                               "--lora_target_modules", "q_proj", "v_proj", "--output_dir=runs/x",
+                               "--reward_weights", "1", "0.5", "--bf16", "false", "--beta=0.1", "--task", "sql"],
+                              parser)
+    assert rest == ["--max-steps", "3", "temperature=0.7", "--output-dir=runs/x", "--task", "sql"]
+    assert fields == {"num_generations": 4, "use_peft": True, "lora_target_modules": ["q_proj", "v_proj"],
+                      "reward_weights": [1, 0.5], "bf16": False, "beta": 0.1}
+    # one value of a list-or-text key is the value itself (peft reads "all-linear" as a keyword, not a module)
+    assert split_argv(["--lora_target_modules", "all-linear"], parser)[1] == {"lora_target_modules": "all-linear"}
+    assert split_argv(["--reward_weights", "[1, 2]"], parser)[1] == {"reward_weights": [1, 2]}
+    assert split_argv(["--model_init_kwargs", "{use_kernels: true}"], parser)[1] == {
+        "model_init_kwargs": {"use_kernels": True}}
+    with pytest.raises(ConfigError, match="--num_generations needs a value"):
+        split_argv(["--num_generations"], parser)
+
+
+def test_trl_style_command_line_resolves_with_aliases():
+    config = _resolve(["--num_generations", "4", "--model_name_or_path", "smollm2-135m", "--use_peft",
+                       "--torch_dtype", "bfloat16", "--per_device_train_batch_size", "8", "--max-steps", "2"])
+    assert config.run.model == "smollm2-135m" and config.run.lora_r == PEFT_DEFAULT_R and config.run.dtype == "bfloat16"
+    assert config.args.num_generations == 4 and config.args.per_device_train_batch_size == 8
+    assert config.args.max_steps == 2
+    assert config.args.learning_rate == config.run.lora_learning_rate  # LoRA's default, as with lora_r
+    # precedence: named flags < --key value < key=value
+    assert _resolve(["--seed", "1", "seed=3"]).args.seed == 3
+    assert _resolve(["--seed", "1", "--num_generations", "2", "num_generations=4"]).args.num_generations == 4
+    assert _resolve(["--max-steps", "5", "--max_steps", "6"]).args.max_steps == 6  # one option, the later wins
+
+
+def test_use_peft_keeps_a_rank_that_is_set(tmp_path):
+    first = tmp_path / "a.yaml"
+    first.write_text("lora_r: 8\n")
+    assert load_config([first], {"use_peft": True}).run.lora_r == 8  # an earlier layer's rank stays
+    assert load_config([], {"use_peft": True, "lora_r": 4}).run.lora_r == 4
+    assert load_config([first], {"use_peft": False}).run.lora_r == 0
+    assert load_config([], {"model_name_or_path": "smollm2-135m", "model": "gym"}).run.model == "gym"  # target wins
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    ("use_peft_x", None),                     # no misleading suggestion (was: use_cpu for use_peft)
+    ("learnig_rate", "learning_rate"), ("num_generation", "num_generations"), ("train_sise", "train_size"),
+    ("lora_rank", None),                      # not local_rank: a shared word alone is no typo
+    ("gradient_accumulation", "gradient_accumulation_steps"), ("max_step", "max_steps"),
+])
+def test_suggestions_are_typos_only(key, expected):
+    assert suggest(key, valid_keys()) == expected
+
+
+@pytest.mark.parametrize(("key", "reason"), [
+    ("dataset_name", "task file"), ("reward_funcs", "task file's rewards"), ("load_in_4bit", "QLoRA"),
+    ("attn_implementation", "model_init_kwargs={attn_implementation"), ("use_dora", "not supported"),
+])
+def test_trl_names_mrtpo_does_not_take_say_what_to_do(key, reason, capsys, tmp_path):
+    assert main([f"--{key}", "x", "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown config key {key!r}" in err and reason in err and "did you mean" not in err
+
+
+def test_the_trl_command_trains_on_a_tiny_model(tmp_path, tiny_dir, capsys, one_thread):
+    """``mrtpo train --num_generations 4 --model_name_or_path ...``: the issue's command, on the tiny model."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Say {i}."}]}) + "\n"
+                            for i in range(4)))
+    (tmp_path / "task.yaml").write_text("dataset: data.jsonl\nrewards: [trl.rewards.think_format_reward]\n")
+    rc = main(["--task", str(tmp_path / "task.yaml"), "--num_generations", "4", "--model_name_or_path", str(tiny_dir),
+               "--method", "gdpo", "--max_steps", "1", "--max_completion_length", "4", "--output_dir",
+               str(tmp_path / "run"), "--report", "false", "--save_strategy", "no", "--use_peft", "--lora_r", "2"])
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "num_generations: 4" in saved and "lora_r: 2" in saved and f"model: {tiny_dir}" in saved
+
+
+# --------------------------------------------------------------------------------------------
+# TRL's knobs: working, or refused before the model loads.
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scale", ["none", "batch"])
+def test_scale_rewards_other_than_group_is_refused_with_the_reason(scale):
+    with pytest.raises(ConfigError, match=f"scale_rewards='{scale}' is not supported.*credit_batch_norm"):
+        load_config([], {"scale_rewards": scale})
+    assert load_config([], {"scale_rewards": "group"}).args.scale_rewards == "group"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_use_vllm_without_vllm_is_refused_before_the_model_loads(tmp_path, capsys):
+    assert main(["--use_vllm", "--output-dir", str(tmp_path / "run")]) == 2
+    assert "needs the 'vllm' package" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel is installed here")
+def test_liger_without_its_package_points_to_use_kernels():
+    with pytest.raises(ConfigError, match="liger-kernel.*use_kernels"):
+        load_config([], {"use_liger_kernel": True})
+
+
+def test_wrong_length_reward_weights_are_refused_before_the_model_loads(tmp_path, tiny_dir, capsys, monkeypatch):
+    import mrtpo.train
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(mrtpo.train, "load_model", no_load)
+    rc = main(["--task", "gym-constraints", "--model", str(tiny_dir), "--reward_weights", "1", "2",
+               "--output-dir", str(tmp_path / "run")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "reward_weights has 2 entries for the 3 rewards of task 'gym-constraints'" in err
+    assert "give one per reward" in err and not (tmp_path / "run").exists()
+
+
+def test_quantized_loading_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="QLoRA"):
+        load_config([], {"load_in_4bit": True})
+    from mrtpo.model_init import ModelInitError, parse_model_init
+
+    for kwargs in ({"load_in_4bit": True}, {"quantization_config": {"load_in_4bit": True}}):
+        with pytest.raises(ModelInitError, match="QLoRA"):
+            parse_model_init("smollm2-135m", kwargs)
+
+
+def test_use_kernels_and_device_map_reach_the_model(tmp_path, tiny_dir, one_thread):
+    from mrtpo.train import build_trainer
+
+    config = load_config([], {"task": "gym-constraints", "model": str(tiny_dir), "method": "gdpo", "max_steps": 1,
+                              "max_completion_length": 4, "output_dir": str(tmp_path / "run"), "report": False,
+                              "save_strategy": "no", "model_init_kwargs": {"use_kernels": True, "device_map": "cpu"}})
+    trainer = build_trainer(config)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert model.use_kernels is True and model.device.type == "cpu"
+    trainer.train()
+    assert trainer.state.global_step == 1
