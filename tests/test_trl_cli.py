@@ -155,3 +155,38 @@ def test_use_kernels_and_device_map_reach_the_model(tmp_path, tiny_dir, one_thre
     assert model.use_kernels is True and model.device.type == "cpu"
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+# --------------------------------------------------------------------------------------------
+# The log line trackers see: credit summary only (metrics.jsonl keeps every key).
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("detail", [False, True])
+def test_trackers_get_the_credit_summary_and_metrics_jsonl_everything(tmp_path, one_thread, detail):
+    from transformers import TrainerCallback
+
+    from mrtpo.trainer.metrics import credit_metric_keys, is_credit_detail
+    from tests.test_trainer import char_code, has_letter_e, make_trainer, plain_length
+
+    seen = []
+
+    class Tracker(TrainerCallback):  # stands for TensorBoard / wandb / the console: added after the trainer's own
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen.append(dict(logs))
+
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], max_steps=1, log_credit_detail=detail,
+                           skip_zero_advantage=False)
+    trainer.add_callback(Tracker())
+    trainer.train()
+    names = trainer.reward_func_names
+    written = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in written if "loss" in r)
+    logged = set(credit_metric_keys(names)) & set(step)
+    assert sum(map(is_credit_detail, logged)) >= 20  # deciles, Gini, ... of 3 rewards: all in the file
+    tracked = next(r for r in seen if "loss" in r)
+    credit = {k for k in tracked if k.startswith("credit/")}
+    if detail:
+        assert credit == logged
+    else:
+        assert credit == {k for k in logged if not is_credit_detail(k)}
+        assert credit and all(k.rsplit("/", 1)[1] in ("relevance_mean", "top10_share") for k in credit)
+    assert trainer.state.log_history[0].keys() >= logged  # the trainer's own history keeps them all

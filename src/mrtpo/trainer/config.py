@@ -68,6 +68,9 @@ class MRTPOConfig(GRPOConfig):
     privileged_header: str = _setting(DEFAULT_PRIVILEGED_HEADER, "header above appended privileged evidence")
     credit_batch_norm: bool = _setting(True, "normalise sequence scores over the global batch (GDPO step 3)")
     credit_samples: int = _setting(2, "completions per generation step saved for the token-credit view")
+    log_credit_detail: bool = _setting(False, (
+        "send every credit metric (15 a reward: deciles, Gini, entropy, overlaps) to the console and trackers; "
+        "false: relevance_mean and top10_share a reward there, the full set in metrics.jsonl"))
     shared_prompt_generation: bool = _setting(True, (
         "prefill each distinct prompt once before sampling its group (transformers generation, text only)"))
     fast_generation: bool = _setting(True, (

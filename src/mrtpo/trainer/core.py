@@ -114,7 +114,9 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self._last_rewards: Tensor | None = None
         self._update_skips_zero_rows = self._skips_zero_rows()
         self._timing = {"generation": 0.0, "scoring": 0.0, "replay": 0.0}
-        self.add_callback(MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl"))
+        # first: it writes each log line whole, then leaves the trackers the summary (log_credit_detail)
+        self.callback_handler.callbacks.insert(0, MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl",
+                                                               detail=self.args.log_credit_detail))
 
     def _skips_zero_rows(self) -> bool:
         """Whether the update may leave out completions whose advantage is 0 at every token
