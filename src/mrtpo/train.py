@@ -208,7 +208,7 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     from transformers.trainer_callback import ProgressCallback
 
     from mrtpo.counterfactual import prompt_renderer
-    from mrtpo.model_names import base_model_names
+    from mrtpo.model_names import base_model_names, base_weights_note
     from mrtpo.rewards import VerifierReward
     from mrtpo.trainer import MRTPOTrainer
 
@@ -238,7 +238,8 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
         train_dataset=train_ds, eval_dataset=rows(evals) if evals else None, peft_config=peft_config,
     )
     card_name, adapter_name = base_model_names(run.model, run.task)
-    trainer.name_base_model(card_name, None if warm_folder else adapter_name)  # a warm start's adapter: on its folder
+    trainer.name_base_model(card_name, None if warm_folder else adapter_name,  # a warm start's adapter: on its folder
+                            base_weights_note(run.model))
     ours = prompt_renderer(task, tokenizer)(train[0])
     theirs = trainer._render(train_ds[0]["prompt"])
     if ours != theirs:
