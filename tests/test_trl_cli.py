@@ -190,3 +190,25 @@ def test_trackers_get_the_credit_summary_and_metrics_jsonl_everything(tmp_path, 
         assert credit == {k for k in logged if not is_credit_detail(k)}
         assert credit and all(k.rsplit("/", 1)[1] in ("relevance_mean", "top10_share") for k in credit)
     assert trainer.state.log_history[0].keys() >= logged  # the trainer's own history keeps them all
+
+
+# --------------------------------------------------------------------------------------------
+# Smaller items: the GPU config on a default install, eval's help.
+# --------------------------------------------------------------------------------------------
+def test_the_gpu_config_loads_without_the_tracker_extras():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = load_config([root / "configs" / "gpu.yaml"], {"use_cpu": True, "bf16": False})
+    assert config.args.report_to in ([], ["none"], "none")
+    if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
+        with pytest.raises(ConfigError, match=r"pip install mrtpo\[tensorboard\]"):  # asked for: said how
+            load_config([root / "configs" / "gpu.yaml"], {"report_to": "tensorboard"})
+
+
+def test_eval_help_names_task_files(capsys):
+    from mrtpo.evaluate import main as eval_main
+
+    with pytest.raises(SystemExit):
+        eval_main(["--help"])
+    assert "task file: path/to/task.yaml" in " ".join(capsys.readouterr().out.split())

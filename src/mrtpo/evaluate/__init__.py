@@ -320,7 +320,10 @@ def _parser() -> argparse.ArgumentParser:
         "deterministic). Writes results.json, results.md and outputs.jsonl.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--task", required=True, help=f"one of {', '.join(TASK_NAMES)}")
+    p.add_argument("--task", required=True,
+                   help=f"one of {', '.join(TASK_NAMES)}, a task a plugin registers (MRTPO_PLUGINS), or a task file: "
+                        "path/to/task.yaml (or a training config with a task: block), scored by the mean of each of "
+                        "its rewards and their weighted sum, reward_total")
     p.add_argument(
         "--model",
         default="qwen2.5-coder-0.5b",
