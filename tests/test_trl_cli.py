@@ -212,3 +212,22 @@ def test_eval_help_names_task_files(capsys):
     with pytest.raises(SystemExit):
         eval_main(["--help"])
     assert "task file: path/to/task.yaml" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow
+def test_the_issues_command_on_smollm2(tmp_path):
+    """The issue's command as written, on the preset it names (about 3 min on one shared CPU core)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "mrtpo.cli", "train", "--config", str(root / "examples" / "own-task" / "config.yaml"),
+           "--num_generations", "4", "--model_name_or_path", "smollm2-135m", "--max_steps", "2",
+           "--output_dir", str(tmp_path / "run"), "skip_zero_advantage=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "Q4_1 GGUF, dequantised to bfloat16" in card and "HuggingFaceTB/SmolLM2-135M-Instruct" in card

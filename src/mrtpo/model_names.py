@@ -46,7 +46,8 @@ def base_weights_note(spec: str | os.PathLike) -> str | None:
     text = os.fspath(spec)
     if text in PRESETS:
         preset = PRESETS[text]
-        return (f"**Base weights.** Trained on mrtpo's preset `{text}`: {preset.description}, dequantised to "
+        what = preset.description.split(" (")[0]
+        return (f"**Base weights.** Trained on mrtpo's preset `{text}`: {what}, dequantised to "
                 f"bfloat16 (GGUF sha256 `{preset.sha256[:12]}…`; {preset.source}), not the original "
                 f"{UPSTREAM.get(text, 'hub')} weights, which differ by the quantisation error. mrtpo loads an "
                 f"adapter naming {UPSTREAM.get(text, text)} on that same preset; on the hub model it behaves close "
