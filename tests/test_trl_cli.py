@@ -5,6 +5,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 
 from mrtpo.cli_args import split_argv
 from mrtpo.config import ConfigError, load_config, valid_keys
@@ -101,10 +102,35 @@ def test_the_trl_command_trains_on_a_tiny_model(tmp_path, tiny_dir, capsys, one_
 # TRL's knobs: working, or refused before the model loads.
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("scale", ["none", "batch"])
-def test_scale_rewards_other_than_group_is_refused_with_the_reason(scale):
-    with pytest.raises(ConfigError, match=f"scale_rewards='{scale}' is not supported.*credit_batch_norm"):
-        load_config([], {"scale_rewards": scale})
-    assert load_config([], {"scale_rewards": "group"}).args.scale_rewards == "group"
+def test_scale_rewards_other_than_group_is_refused_where_the_method_decides(scale):
+    for method in ("mrtpo", "gdpo"):
+        with pytest.raises(ConfigError, match=f"scale_rewards='{scale}' is not supported with method='{method}'.*"
+                                              "credit_batch_norm.*method='grpo'"):
+            load_config([], {"scale_rewards": scale, "method": method})
+    assert load_config([], {"scale_rewards": scale, "method": "grpo"}).args.scale_rewards == scale
+
+
+@pytest.mark.parametrize("scale", ["none", "batch"])
+def test_grpo_trains_with_trls_reward_scaling(tmp_path, one_thread, scale):
+    """Dr. GRPO (``none``: no std division) and batch scaling, against the formula computed here from the
+    step's own rewards: ``A = S - mean_group(S)``, divided by ``std_batch(S) + 1e-4`` for ``batch``."""
+    from tests.test_trainer import char_code, has_letter_e, make_trainer, plain_length, record_batches
+
+    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], method="grpo", scale_rewards=scale,
+                           max_steps=1)
+    seen = record_batches(trainer)
+    trainer.train()
+    batch = seen[0]
+    total = batch["rewards"].double().nansum(1)  # reward_weights all 1
+    centred = total - total.view(-1, 2).mean(1).repeat_interleave(2)  # num_generations 2
+    expected = centred if scale == "none" else centred / (total.std() + 1e-4)
+    mask = batch["out"]["completion_mask"].float()
+    got = batch["out"]["advantages"]
+    assert got.shape == mask.shape  # token-level, uniform over each completion's tokens
+    torch.testing.assert_close(got.double(), expected.unsqueeze(1) * mask.double(), atol=1e-5, rtol=1e-5)
+    assert centred.abs().max() > 0  # the rewards had spread: the check compared something
+    grouped = centred / (total.view(-1, 2).std(1).repeat_interleave(2) + 1e-4)  # scale_rewards="group"
+    assert not torch.allclose(expected, grouped)  # and the scaling asked for is not the default one
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")

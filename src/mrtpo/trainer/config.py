@@ -124,11 +124,12 @@ class MRTPOConfig(GRPOConfig):
                 f"whose advantages aggregate the rewards as {aggregation!r}: the method decides how rewards are "
                 "combined; leave multi_objective_aggregation unset (or choose another method)"
             )
-        if self.scale_rewards != "group":
+        if self.scale_rewards != "group" and not (self.method == "grpo" and self.scale_rewards in ("batch", "none")):
             raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} is not supported: grpo divides by each group's std "
-                "(scale_rewards='group'); the GDPO family (gdpo, mrtpo, contrast, entropy) divides each reward by its "
-                "group's std and the sum by the batch's (credit_batch_norm). Leave scale_rewards='group'"
+                f"scale_rewards={self.scale_rewards!r} is not supported with method={self.method!r}: the GDPO family "
+                "(gdpo, mrtpo, contrast, entropy, ...) divides each reward by its group's std and the sum by the "
+                "batch's (credit_batch_norm). Leave scale_rewards='group', or use method='grpo', which takes TRL's "
+                "'group', 'batch' and 'none' (Dr. GRPO)"
             )
         if self.importance_sampling_level != "token":
             raise ValueError(

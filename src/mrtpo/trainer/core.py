@@ -33,7 +33,8 @@ The config and the keys it shares with the trainer live in :mod:`mrtpo.trainer.c
 
 TRL's loss is untouched: it already accepts ``(B, T)`` advantages. Loss types that assume one
 advantage per sequence are rejected by the config, and so are TRL's reward-aggregation settings
-that the method decides instead (``multi_objective_aggregation``, ``scale_rewards``).
+that the method decides instead (``multi_objective_aggregation``; ``scale_rewards`` other than ``group``,
+except under ``method="grpo"``, whose advantages are then TRL's own, scaled as asked).
 """
 
 from __future__ import annotations
@@ -317,10 +318,13 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         batch = CreditBatch(rewards=self._last_rewards, group_size=self.num_generations, mask=mask, rows=rows,
                             **{field: maps.get(field) for field in CREDIT_FIELDS})
         advantages = self.credit_method(batch, self.credit_config)
+        sequence = self.credit_method.sequence_advantages(batch, self.credit_config)
+        if self.args.scale_rewards != "group":  # method grpo only (MRTPOConfig): TRL's own, scaled as asked
+            sequence = out["advantages"].detach().float().cpu()
+            advantages = sequence.unsqueeze(1) * mask
         self._trl_advantages = out["advantages"].detach().cpu()  # TRL's own (B,), kept for comparison
         out["advantages"] = advantages.to(device)
         # Travels with the rows through TRL's shuffle and split: the off-policy mask's per-sequence sign.
-        sequence = self.credit_method.sequence_advantages(batch, self.credit_config)
         out[SEQUENCE_ADVANTAGES_KEY] = sequence.to(device)
         if self._update_skips_zero_rows:
             out[ZERO_ADVANTAGE_KEY] = self._zero_advantage_rows(coefficients[rows], sequence, mask).to(device)
