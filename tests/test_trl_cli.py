@@ -3,6 +3,7 @@ mrtpo.trl_names, mrtpo.model_init): each knob works, or is refused before any mo
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,7 +76,7 @@ def test_suggestions_are_typos_only(key, expected):
 
 
 @pytest.mark.parametrize(("key", "reason"), [
-    ("dataset_name", "task file"), ("reward_funcs", "task file's rewards"), ("load_in_4bit", "QLoRA"),
+    ("dataset_streaming", "streaming datasets are not supported"), ("load_in_4bit", "QLoRA"),
     ("attn_implementation", "model_init_kwargs={attn_implementation"), ("use_dora", "not supported"),
 ])
 def test_trl_names_mrtpo_does_not_take_say_what_to_do(key, reason, capsys, tmp_path):
@@ -96,6 +97,34 @@ def test_the_trl_command_trains_on_a_tiny_model(tmp_path, tiny_dir, capsys, one_
     assert rc == 0, capsys.readouterr().err[-2000:]
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert "num_generations: 4" in saved and "lora_r: 2" in saved and f"model: {tiny_dir}" in saved
+
+
+def test_trl_script_arguments_make_a_task(tmp_path, tiny_dir, monkeypatch, capsys, one_thread):
+    """``--dataset_name data.jsonl --reward_funcs think_format_reward my_rewards.lengths``, as TRL's grpo script
+    takes them: a task file in the cache, the prompt column ``prompt``, a module of the working folder."""
+    from mrtpo.tasks import get_task
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MRTPO_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Say {i}."}],
+                                                             "answer": str(i)}) + "\n" for i in range(4)))
+    (tmp_path / "my_rewards.py").write_text("def lengths(completion_ids, **kwargs):\n"
+                                            "    return [float(len(i)) for i in completion_ids]\n")
+    argv = ["--dataset_name", "data.jsonl", "--reward_funcs", "think_format_reward", "my_rewards.lengths",
+            "--model_name_or_path", str(tiny_dir), "--method", "gdpo", "--max_steps", "1", "--max_completion_length",
+            "4", "--output_dir", str(tmp_path / "run"), "--report", "false", "--save_strategy", "no"]
+    config = _resolve(argv)
+    task_file = Path(config.run.task)
+    assert task_file.parent == tmp_path / "cache" / "tasks" and task_file.is_file()
+    task = get_task(config.run.task)
+    assert task.name == "data" and [v.name for v in task.verifiers()] == ["think_format_reward", "lengths"]
+    assert _resolve(argv).run.task == config.run.task  # the same arguments: the same file
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    assert f"task: {task_file}" in (tmp_path / "run" / "config.yaml").read_text()  # resumable from its config
+    with pytest.raises(ConfigError, match="dataset_name needs reward_funcs"):
+        load_config([], {"dataset_name": "data.jsonl"})
+    with pytest.raises(ConfigError, match="both name the task"):
+        load_config([], {"dataset_name": "data.jsonl", "reward_funcs": ["think_format_reward"], "task": "sql"})
 
 
 # --------------------------------------------------------------------------------------------

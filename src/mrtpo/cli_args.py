@@ -4,6 +4,7 @@
 ``key=value``. This module adds the TRL way, for every key and TRL's aliases (:mod:`mrtpo.trl_names`)::
 
     mrtpo train --num_generations 4 --model_name_or_path smollm2-135m --use_peft --lora_target_modules q_proj v_proj
+    mrtpo train --dataset_name prompts.jsonl --reward_funcs think_format_reward my_rewards.fn ...   # a task, as TRL's
 
 - ``--key value`` and ``--key=value``; ``-`` and ``_`` are the same in a name (``--max_steps`` is ``--max-steps``);
 - a true/false key alone is true (``--use_peft``); it takes a following ``true`` / ``false`` as its value;
@@ -36,7 +37,7 @@ def _kinds() -> dict[str, str]:
     key such as ``lora_target_modules: all-linear``) or ``"value"`` (one)."""
     from mrtpo.trainer.config import MRTPOConfig
 
-    kinds: dict[str, str] = {"use_peft": "bool"}
+    kinds: dict[str, str] = {"use_peft": "bool", "reward_funcs": "list"}  # TRL's names (mrtpo.trl_names)
     for cls in (RunSettings, MRTPOConfig):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):

@@ -26,7 +26,14 @@ from typing import Any
 import yaml
 
 from mrtpo.tasks import TASK_NAMES, task_label, task_problem, task_ref, task_settings
-from mrtpo.trl_names import optional_dependency_problem, translate, unknown_key_message
+from mrtpo.trl_names import (
+    SCRIPT_KEYS,
+    optional_dependency_problem,
+    script_task,
+    task_cache,
+    translate,
+    unknown_key_message,
+)
 
 CONFIG_NAME = "config.yaml"
 KEYS_HINT = "the full list: `mrtpo train --list-keys` (or docs/training.md)"
@@ -333,8 +340,11 @@ def load_config(
     explicit: dict[str, str] = {}
     run_hints, trainer_hints = _type_hints(RunSettings), _type_hints(MRTPOConfig)
     run_names = {f.name for f in dataclasses.fields(RunSettings)}
+    script: dict[str, Any] = {}  # TRL script arguments that make a task (dataset_name, reward_funcs, ...)
     for source, layer in layers:
-        checked = _check_keys(translate(layer, merged), source, known)  # TRL's names (mrtpo.trl_names) too
+        layer = translate(layer, merged)  # TRL's names (mrtpo.trl_names) too
+        script.update({key: layer.pop(key) for key in list(layer) if key in SCRIPT_KEYS})
+        checked = _check_keys(layer, source, known)
         for key, value in checked.items():
             other = _EXCLUSIVE.get(key)
             if other is not None and other not in checked:  # a later layer's choice replaces the pair
@@ -344,6 +354,15 @@ def load_config(
             merged[key] = _coerce(key, task_ref(value, source) if key == "task" else value, tp, source)
             explicit[key] = source
 
+    if script:
+        if "task" in explicit:
+            raise ConfigError(f"task (from {explicit['task']}) and TRL's {', '.join(script)} both name the task: "
+                              "give one of them")
+        try:
+            merged["task"] = str(script_task(script, Path.cwd(), task_cache()))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        explicit["task"] = "command line"
     notes = []
     if merged.get("use_cpu"):
         given = merged["dtype"] if "dtype" in explicit else None

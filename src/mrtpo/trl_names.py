@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 #: TRL name -> mrtpo key with the same meaning.
@@ -19,22 +20,14 @@ ALIASES: dict[str, str] = {"model_name_or_path": "model", "torch_dtype": "dtype"
 #: LoRA rank ``use_peft: true`` gives when no layer sets ``lora_r`` (TRL ModelConfig's default ``lora_r``).
 PEFT_DEFAULT_R = 16
 
-_TASK_FILE = ("mrtpo trains on a task: put the dataset in a task file (dataset: <file, folder or hub id>, "
-              "prompt: <column>, rewards: [...]) and give --task task.yaml (docs/training.md, 'Your own task')")
 _QUANTIZED = ("4-/8-bit (QLoRA) training is not supported: mrtpo loads the policy itself, in float32 or bfloat16 "
               "(the update, the evidence replays and the export all read those weights), and no quantized load is "
               "wired or tested; use LoRA (lora_r: 16) on bfloat16 weights (dtype: bfloat16)")
 #: TRL / transformers names mrtpo does not take -> what to do instead.
 NOT_TAKEN: dict[str, str] = {
-    "dataset_name": _TASK_FILE,
-    "dataset_config": "the dataset's configuration is the task file's subset key; " + _TASK_FILE,
-    "dataset_train_split": "the task file's train_split key; " + _TASK_FILE,
-    "dataset_test_split": "the task file's eval_split key; " + _TASK_FILE,
-    "dataset_streaming": "task files load the dataset whole (streaming datasets are not supported)",
-    "reward_funcs": "rewards are the task's: a task file's rewards: list (file.py:fn, pkg.module:fn or pkg.module.fn), "
-                    "or a built-in task's verifiers; " + _TASK_FILE,
     "reward_model_name_or_path": "reward models are not taken from the command line; pass one to MRTPOTrainer in a "
                                  "script (reward_funcs=[model]) or write a reward function",
+    "dataset_streaming": "task files load the dataset whole (streaming datasets are not supported)",
     "model_revision": "give model_init_kwargs={revision: <branch, tag or commit>} (hub ids only)",
     "attn_implementation": "give model_init_kwargs={attn_implementation: sdpa}",
     "load_in_4bit": _QUANTIZED, "load_in_8bit": _QUANTIZED, "bnb_4bit_quant_type": _QUANTIZED,
@@ -46,6 +39,68 @@ NOT_TAKEN: dict[str, str] = {
     "use_rslora": "not supported; set lora_alpha instead (rsLoRA scales by lora_alpha / sqrt(r))",
     "use_dora": "not supported (DoRA is untested with the evidence replays)",
 }
+
+
+#: TRL script arguments that make a task (:func:`script_task`) -> the task-file key each sets.
+SCRIPT_KEYS = {"dataset_name": "dataset", "dataset_config": "subset", "dataset_train_split": "train_split",
+               "dataset_test_split": "eval_split", "reward_funcs": "rewards"}
+#: The short names TRL's ``grpo`` script takes for its built-in rewards.
+TRL_REWARDS = {"accuracy_reward": "trl.rewards.accuracy_reward",
+               "reasoning_accuracy_reward": "trl.rewards.reasoning_accuracy_reward",
+               "think_format_reward": "trl.rewards.think_format_reward"}
+
+
+def script_task(script: Mapping[str, Any], cwd: Path, folder: Path) -> Path:
+    """A task file for TRL script arguments (``--dataset_name data.jsonl --reward_funcs think_format_reward``),
+    written to ``folder`` (named by its content, so the same arguments give the same file) and returned.
+
+    As in TRL's ``grpo`` script: the prompt column is ``prompt``; ``reward_funcs`` are TRL's short names or
+    dotted paths (``my_rewards.fn`` imports ``my_rewards.py`` from ``cwd``); a relative dataset path is taken
+    from ``cwd``. ``ValueError`` when no dataset or no reward is given.
+    """
+    import hashlib
+
+    import yaml
+
+    block: dict[str, Any] = {SCRIPT_KEYS[k]: v for k, v in script.items() if v is not None}
+    if not block.get("dataset"):
+        raise ValueError("reward_funcs needs dataset_name (a data file, a saved dataset folder or a hub id)")
+    rewards = block.get("rewards")
+    rewards = [rewards] if isinstance(rewards, str) else list(rewards or [])
+    if not rewards:
+        raise ValueError("dataset_name needs reward_funcs: TRL's think_format_reward, accuracy_reward or "
+                         "reasoning_accuracy_reward, or dotted paths (my_rewards.fn)")
+    block["rewards"] = [_reward_ref(str(r), cwd) for r in rewards]
+    local = cwd / str(block["dataset"])
+    if local.exists():
+        block["dataset"] = str(local.resolve())
+    block.setdefault("prompt", "prompt")
+    block["name"] = Path(str(script["dataset_name"])).stem.replace("/", "-") or "task"
+    text = yaml.safe_dump(block, sort_keys=True)
+    path = folder / f"{block['name']}-{hashlib.sha1(text.encode()).hexdigest()[:10]}.yaml"
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text("# written by mrtpo train from TRL script arguments (dataset_name, reward_funcs)\n" + text)
+    return path
+
+
+def task_cache() -> Path:
+    """Where :func:`script_task` writes its task files: ``$MRTPO_CACHE/tasks``, else ``~/.cache/mrtpo/tasks``."""
+    import os
+
+    root = os.environ.get("MRTPO_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "mrtpo") / "tasks"
+
+
+def _reward_ref(ref: str, cwd: Path) -> str:
+    """A ``reward_funcs`` entry as a task file's reward path: TRL's short name, a module in ``cwd`` by its file."""
+    if ref in TRL_REWARDS:
+        return TRL_REWARDS[ref]
+    module, _, fn = ref.rpartition(".")
+    local = cwd / (module.replace(".", "/") + ".py")
+    if module and ":" not in ref and local.is_file():
+        return f"{local.resolve()}:{fn}"
+    return ref
 
 
 def translate(layer: Mapping[str, Any], merged: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,5 +173,5 @@ def optional_dependency_problem(settings: Mapping[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["ALIASES", "NOT_TAKEN", "PEFT_DEFAULT_R", "optional_dependency_problem", "suggest", "translate",
-           "unknown_key_message"]
+__all__ = ["ALIASES", "NOT_TAKEN", "PEFT_DEFAULT_R", "SCRIPT_KEYS", "TRL_REWARDS", "optional_dependency_problem",
+           "script_task", "suggest", "task_cache", "translate", "unknown_key_message"]
