@@ -267,7 +267,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Train a policy with MRTPO or a baseline method on a task (see docs/training.md).",
         epilog="Any config key can be given as --key value (TRL / HfArgumentParser style: --num_generations 4, "
                "--use_peft, --lora_target_modules q_proj v_proj) or as key=value after the flags "
-               "(`temperature=0.9 lam=0.5`); TRL's names model_name_or_path, torch_dtype and use_peft are aliases. "
+               "(`temperature=0.9 lam=0.5`); TRL's names model_name_or_path, torch_dtype and use_peft are aliases, and "
+               "TRL's --dataset_name with --reward_funcs make a task. "
                "Precedence: defaults < saved config (resume) < --config files < named flags < --key value < key=value.",
         formatter_class=HelpFormatter,
     )
