@@ -244,3 +244,21 @@ def test_dotted_paths_and_their_mistakes(tmp_path):
         load_task_file(_task(tmp_path / "typo", _chat_rows(2), "trl.rewards.think_format_rewrd"))
     with pytest.raises(TaskFileError, match="no_such_pkg does not import"):
         load_task_file(_task(tmp_path / "nopkg", _chat_rows(2), "no_such_pkg.fn"))
+
+
+def test_mrtpo_eval_gives_a_task_files_rewards_the_generated_token_ids(tmp_path, tiny_dir, one_thread):
+    """``mrtpo eval``'s scoring makes TRL's call with the generated ids (a reward of the ids alone)."""
+    from mrtpo.evaluate import evaluate_model
+    from mrtpo.models import load_policy
+
+    rewards = "trl.rewards.get_repetition_penalty_reward:\n  args: {ngram_size: 1, max_penalty: -1.0}"
+    task = load_task_file(_task(tmp_path / "ev", _chat_rows(3), rewards))
+    model, tok = load_policy(str(tiny_dir), dtype=torch.float32)
+    metrics, gens = evaluate_model(model, tok, task, task.load("train"), max_new_tokens=24, progress=False)
+
+    def penalty(ids):  # unigrams: -(1 - distinct / total), 0 for an empty completion
+        return -(1 - len(set(ids)) / len(ids)) if ids else 0.0
+
+    expected = sum(penalty(g.token_ids) for g in gens) / len(gens)
+    assert all(g.token_ids for g in gens) and expected < 0  # some repeats: without the ids it would be 0
+    assert metrics["reward/repetition_penalty_reward"] == pytest.approx(expected)
