@@ -37,6 +37,8 @@ def test_field_flags_split_from_the_named_ones():
     # one value of a list-or-text key is the value itself (peft reads "all-linear" as a keyword, not a module)
     assert split_argv(["--lora_target_modules", "all-linear"], parser)[1] == {"lora_target_modules": "all-linear"}
     assert split_argv(["--reward_weights", "[1, 2]"], parser)[1] == {"reward_weights": [1, 2]}
+    assert split_argv(["--report_to", "wandb", "tensorboard"], parser) == ([], {"report_to": ["wandb", "tensorboard"]})
+    assert split_argv(["--report-to", "none", "seed=1"], parser) == (["seed=1"], {"report_to": "none"})
     assert split_argv(["--model_init_kwargs", "{use_kernels: true}"], parser)[1] == {
         "model_init_kwargs": {"use_kernels": True}}
     with pytest.raises(ConfigError, match="--num_generations needs a value"):

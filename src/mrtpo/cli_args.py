@@ -87,11 +87,11 @@ def split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[s
             continue
         name, eq, text = token[2:].partition("=")
         dashed = "--" + name.replace("_", "-")
-        if "--" + name in own or dashed in own:
+        key = name.replace("-", "_")
+        if ("--" + name in own or dashed in own) and kinds.get(key) not in ("list", "many"):
             rest.append(("--" + name if "--" + name in own else dashed) + (eq + text))
             continue
-        key = name.replace("-", "_")
-        kind = kinds.get(key, "value")
+        kind = kinds.get(key, "value")  # a list key (report_to) takes several values even where a named flag has it
         if eq:
             fields[key] = _value(text, token)
         elif kind == "bool":
