@@ -166,8 +166,10 @@ def tiny_folder(tmp_path_factory):
 def test_parse_checks_keys_and_values(tiny_folder):
     with pytest.raises(ModelInitError, match="unknown key 'attn_implmentation' .*did you mean 'attn_implementation'"):
         parse_model_init(str(tiny_folder), {"attn_implmentation": "eager"})
-    with pytest.raises(ModelInitError, match="unknown key 'device_map'"):
-        parse_model_init(str(tiny_folder), {"device_map": "auto"})
+    with pytest.raises(ModelInitError, match="unknown key 'low_cpu_mem_usage'"):
+        parse_model_init(str(tiny_folder), {"low_cpu_mem_usage": True})
+    with pytest.raises(ModelInitError, match="quantization_config: 4-/8-bit \\(QLoRA\\) training is not supported"):
+        parse_model_init(str(tiny_folder), {"quantization_config": {"load_in_4bit": True}})
     with pytest.raises(ModelInitError, match="dtype must be one of"):
         parse_model_init(str(tiny_folder), {"dtype": "int8"})
     with pytest.raises(ModelInitError, match="disagree"):

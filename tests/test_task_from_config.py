@@ -149,7 +149,8 @@ ERRORS = [
                                                               "ModuleNotFoundError"]),
     (BASIC.replace("rewards.py:seen", "rewards.py:sean"), ["has no 'sean'", "did you mean 'seen'?"]),
     (BASIC.replace("rewards.py:seen", "rewards.py:NOT_A_FUNCTION"), ["is a int, not a function"]),
-    (BASIC.replace("rewards.py:seen", "rewards_seen"), ["must be 'file.py:function' or 'package.module:function'"]),
+    (BASIC.replace("rewards.py:seen", "rewards_seen"), ["must be 'file.py:function', 'package.module:function' or "
+                                                                "'package.module.function'"]),
     (BASIC.replace("eval_fraction", "eval_fractoin"), ["unknown key 'eval_fractoin'", "did you mean 'eval_fraction'?"]),
     (BASIC.replace("eval_fraction: 0.2", "eval_split: validation"), ["no split 'validation'", "its splits: train"]),
     ("prompt: prompt\nrewards: [rewards.py:seen]\n", ["names no dataset"]),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import difflib
 import importlib.util
 import itertools
 import math
@@ -27,6 +26,14 @@ from typing import Any
 import yaml
 
 from mrtpo.tasks import TASK_NAMES, task_label, task_problem, task_ref, task_settings
+from mrtpo.trl_names import (
+    SCRIPT_KEYS,
+    optional_dependency_problem,
+    script_task,
+    task_cache,
+    translate,
+    unknown_key_message,
+)
 
 CONFIG_NAME = "config.yaml"
 KEYS_HINT = "the full list: `mrtpo train --list-keys` (or docs/training.md)"
@@ -272,8 +279,7 @@ def _check_keys(layer: dict[str, Any], source: str, known: dict[str, str]) -> di
                 continue  # the new name is there too and wins
             key = _ALIASES[key]
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = unknown_key_message(key, known)
             raise ConfigError(f"unknown config key {key!r} in {source}{hint}. Valid keys are the run settings "
                               f"and the MRTPOConfig fields; {KEYS_HINT}")
         out[key] = value
@@ -333,7 +339,10 @@ def load_config(
     explicit: dict[str, str] = {}
     run_hints, trainer_hints = _type_hints(RunSettings), _type_hints(MRTPOConfig)
     run_names = {f.name for f in dataclasses.fields(RunSettings)}
+    script: dict[str, Any] = {}  # TRL script arguments that make a task (dataset_name, reward_funcs, ...)
     for source, layer in layers:
+        layer = translate(layer, merged)  # TRL's names (mrtpo.trl_names) too
+        script.update({key: layer.pop(key) for key in list(layer) if key in SCRIPT_KEYS})
         checked = _check_keys(layer, source, known)
         for key, value in checked.items():
             other = _EXCLUSIVE.get(key)
@@ -344,6 +353,15 @@ def load_config(
             merged[key] = _coerce(key, task_ref(value, source) if key == "task" else value, tp, source)
             explicit[key] = source
 
+    if script:
+        if "task" in explicit:
+            raise ConfigError(f"task (from {explicit['task']}) and TRL's {', '.join(script)} both name the task: "
+                              "give one of them")
+        try:
+            merged["task"] = str(script_task(script, Path.cwd(), task_cache()))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        explicit["task"] = "command line"
     notes = []
     if merged.get("use_cpu"):
         given = merged["dtype"] if "dtype" in explicit else None
@@ -380,6 +398,8 @@ def load_config(
     elif "steps_per_generation" not in explicit:
         trainer_kwargs.pop("generation_batch_size", None)
     _validate_trainer(trainer_kwargs)
+    if (problem := optional_dependency_problem(trainer_kwargs)) is not None:
+        raise ConfigError(problem)
     if str(trainer_kwargs.get("eval_strategy", "no")) not in ("no", "IntervalStrategy.NO") and not run.eval_size:
         raise ConfigError(f"eval_strategy={trainer_kwargs['eval_strategy']!r} needs held-out prompts: set eval_size "
                           "(e.g. eval_size=16), or eval_strategy=no")

@@ -5,8 +5,10 @@
 
 A LoRA run's ``model/`` holds only the adapter: export loads the base model the run started from
 (its ``config.yaml``: the preset, folder or warm start), applies the adapter and merges it
-(peft ``merge_and_unload``), and saves the merged weights in float32 with the tokenizer and model
-card. A full fine-tuning run's ``model/`` is already whole: export copies it. A run without
+(peft ``merge_and_unload``, in float32), and saves the merged weights with the tokenizer and model
+card. A full fine-tuning run's ``model/`` is already whole: export copies it. ``--dtype`` saves the
+weights in ``float32`` (a LoRA merge's default), ``bfloat16`` or ``float16`` (half the size; a copied
+model is cast only when asked). A run without
 ``model/`` (stopped before the end) exports its newest complete checkpoint, with a note. The output
 appears whole or not at all (written next to it, renamed last).
 """
@@ -41,8 +43,17 @@ def _source(run: Path) -> tuple[Path, str | None]:
     return checkpoint, f"note: {run} has no {FINAL_DIR}/ (the run did not finish); exporting {checkpoint.name}"
 
 
-def export_model(run: str | Path, output_dir: str | Path | None = None, overwrite: bool = False) -> Path:
-    """Write the standalone model of run folder ``run`` to ``output_dir`` (default ``<run>/export``)."""
+#: ``--dtype`` choices.
+DTYPES = ("float32", "bfloat16", "float16")
+_WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json")
+
+
+def export_model(run: str | Path, output_dir: str | Path | None = None, overwrite: bool = False,
+                 dtype: str | None = None) -> Path:
+    """Write the standalone model of run folder ``run`` to ``output_dir`` (default ``<run>/export``), its
+    weights in ``dtype`` (None: float32 for a merged adapter, a full model's own dtype)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     run = Path(run)
     if not run.is_dir():
         raise ConfigError(f"no such run folder: {run}")
@@ -54,11 +65,18 @@ def export_model(run: str | Path, output_dir: str | Path | None = None, overwrit
         raise ConfigError(f"{dest} exists and is not empty: give another --output-dir, or --overwrite")
     partial = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
+    skip = ("optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml")
     if is_adapter(source):
-        _merge(run, source, partial)
-    else:
-        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(
-            "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml"))
+        _merge(run, source, partial, dtype or "float32")
+    elif dtype is None:
+        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(*skip))
+    else:  # the files but the weights, then the weights in dtype
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(*skip, *_WEIGHTS))
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), local_files_only=True)
+        model.save_pretrained(partial, safe_serialization=True)
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -66,8 +84,9 @@ def export_model(run: str | Path, output_dir: str | Path | None = None, overwrit
     return dest
 
 
-def _merge(run: Path, adapter: Path, dest: Path) -> None:
-    """The run's base model (float32) with ``adapter`` merged in, saved to ``dest``."""
+def _merge(run: Path, adapter: Path, dest: Path, dtype: str) -> None:
+    """The run's base model (float32) with ``adapter`` merged in, saved to ``dest`` in ``dtype``."""
+    import torch
     from peft import PeftModel
 
     from mrtpo.tasks import get_task
@@ -80,6 +99,7 @@ def _merge(run: Path, adapter: Path, dest: Path) -> None:
     card_name = _card_base(adapter)
     if card_name:
         merged.config._name_or_path = card_name
+    merged.to(getattr(torch, dtype))
     merged.save_pretrained(dest, safe_serialization=True)
     tokenizer.save_pretrained(dest)
     for name in _COPIED:  # the tokenizer saved with the adapter wins over the base's (same files)
@@ -102,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", "--out", dest="output_dir", metavar="DIR",
                    help="where to write the model (default: <RUN>/export)")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it holds files")
+    p.add_argument("--dtype", choices=DTYPES, help="dtype of the saved weights (default: float32 for a merged LoRA "
+                                                   "adapter, a fully fine-tuned model's own)")
     return p
 
 
@@ -110,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.models import ModelLoadError
 
     try:
-        dest = export_model(ns.run, ns.output_dir, ns.overwrite)
+        dest = export_model(ns.run, ns.output_dir, ns.overwrite, ns.dtype)
     except (ConfigError, ModelLoadError) as exc:
         print(f"mrtpo export: error: {exc}", file=sys.stderr)
         return 2

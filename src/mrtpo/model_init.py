@@ -9,9 +9,16 @@ loads presets, ``.gguf`` files, folders, hub ids and the gym policy itself and a
 - ``revision``: a branch, tag or commit of a **hub id**. A preset, folder, ``.gguf`` file or the gym
   policy has one version, so a revision there is an error, not silently ignored (training another
   version than the one asked for would go unnoticed);
-- ``trust_remote_code``: run the code a folder or hub repo ships (default: TRL's ``trust_remote_code``).
+- ``trust_remote_code``: run the code a folder or hub repo ships (default: TRL's ``trust_remote_code``);
+- ``use_kernels``: transformers' hub kernels (``kernels`` package; TRL 1.16's replacement for Liger), applied
+  at load or, for a model mrtpo builds itself, with ``set_use_kernels``; the model switches their
+  training / inference mode with ``train()`` / ``eval()``. Layers without a kernel keep torch's code;
+- ``device_map``: where ``from_pretrained`` puts the weights (``cpu``, ``cuda:0``, ``auto``, a mapping), for one
+  process only: under several processes (DDP, FSDP, DeepSpeed) each holds its own copy, placed by
+  accelerate, and a ``device_map`` is refused.
 
-Any other key is an error that lists these.
+Quantized loading (``quantization_config``, ``load_in_4bit`` / ``load_in_8bit``: QLoRA) is refused with its
+reason (:data:`mrtpo.trl_names.NOT_TAKEN`); any other key is an error that lists these.
 
     mrtpo train --model ./my-model model_init_kwargs="{attn_implementation: eager, dtype: bfloat16}"
 """
@@ -20,18 +27,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import json
 import logging
+import os
 from typing import Any
 
 import torch
 
 from mrtpo.models import ModelLoadError, load_policy, resolve_model
+from mrtpo.trl_names import NOT_TAKEN
 
 __all__ = ["DTYPES", "KEYS", "ModelInit", "ModelInitError", "apply_model_init", "hand_to_trl", "load_with_init",
            "parse_model_init", "run_model_init"]
 
-KEYS = ("attn_implementation", "dtype", "revision", "trust_remote_code")
+KEYS = ("attn_implementation", "dtype", "revision", "trust_remote_code", "use_kernels", "device_map")
 _ALIASES = {"torch_dtype": "dtype"}  # transformers' old name
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -48,6 +58,8 @@ class ModelInit:
     attn_implementation: str | None = None
     revision: str | None = None
     trust_remote_code: bool = False
+    use_kernels: bool = False
+    device_map: Any = None
 
     @property
     def torch_dtype(self) -> torch.dtype | str:
@@ -63,6 +75,10 @@ class ModelInit:
             out["revision"] = self.revision
         if self.trust_remote_code:
             out["trust_remote_code"] = True
+        if self.use_kernels:
+            out["use_kernels"] = True
+        if self.device_map is not None:
+            out["device_map"] = self.device_map
         return out
 
     def trl_kwargs(self) -> dict[str, Any]:
@@ -89,6 +105,8 @@ def parse_model_init(model: str, kwargs: Any, *, dtype: str = "float32", dtype_g
     given: dict[str, Any] = {}
     for key, value in kwargs.items():
         name = _ALIASES.get(key, key)
+        if name not in KEYS and name in NOT_TAKEN:
+            raise ModelInitError(f"model_init_kwargs: {key}: {NOT_TAKEN[name]}")
         if name not in KEYS:
             close = difflib.get_close_matches(str(key), KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -108,6 +126,22 @@ def parse_model_init(model: str, kwargs: Any, *, dtype: str = "float32", dtype_g
     trust = given.get("trust_remote_code", trust_remote_code)
     if not isinstance(trust, bool):
         raise ModelInitError(f"model_init_kwargs: trust_remote_code must be true or false, got {trust!r}")
+    use_kernels = given.get("use_kernels", False)
+    if not isinstance(use_kernels, bool):
+        raise ModelInitError(f"model_init_kwargs: use_kernels must be true or false, got {use_kernels!r}")
+    if use_kernels and importlib.util.find_spec("kernels") is None:
+        raise ModelInitError("model_init_kwargs: use_kernels needs the 'kernels' package: `pip install kernels`")
+    device_map = given.get("device_map")
+    if device_map is not None:
+        if not isinstance(device_map, (str, dict)):
+            raise ModelInitError(f"model_init_kwargs: device_map must be a device (cpu, cuda:0), auto or a mapping, "
+                                 f"got {device_map!r}")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ModelInitError("model_init_kwargs: device_map places one copy of the model; under several "
+                                 "processes each holds its own, placed by accelerate: remove device_map")
+        if model == "gym" and not isinstance(device_map, str):
+            raise ModelInitError(f"model_init_kwargs: the gym policy is built in memory; device_map {device_map!r} "
+                                 "must be one device")
     revision = given.get("revision")
     if revision is not None:
         kind = "gym policy" if model == "gym" else resolve_model(model).kind
@@ -116,7 +150,7 @@ def parse_model_init(model: str, kwargs: Any, *, dtype: str = "float32", dtype_g
             raise ModelInitError(f"model_init_kwargs: revision {revision!r} applies to hub ids only; {model!r} is "
                                  f"{what}, which has one version: remove revision (or name a hub id)")
     return ModelInit(dtype=chosen, attn_implementation=given.get("attn_implementation"), revision=revision,
-                     trust_remote_code=trust)
+                     trust_remote_code=trust, use_kernels=use_kernels, device_map=device_map)
 
 
 def run_model_init(config) -> ModelInit:
@@ -149,6 +183,10 @@ def apply_model_init(model, init: ModelInit):
             model.set_attn_implementation(init.attn_implementation)
         except (ValueError, ImportError) as err:
             raise _attn_error(init, err) from err
+    if init.use_kernels and not model.use_kernels:
+        model.set_use_kernels(True)
+    if isinstance(init.device_map, str) and init.device_map != "auto":
+        model.to(init.device_map)
     return model
 
 

@@ -38,6 +38,26 @@ def base_model_names(spec: str | os.PathLike, task: str | None = None) -> tuple[
     return text, text
 
 
+def base_weights_note(spec: str | os.PathLike) -> str | None:
+    """A model card's line on base weights that are not the named model's own: a preset or ``.gguf`` file is
+    a quantised GGUF, dequantised to bfloat16 before training (None for any other base)."""
+    from mrtpo.models import PRESETS
+
+    text = os.fspath(spec)
+    if text in PRESETS:
+        preset = PRESETS[text]
+        what = preset.description.split(" (")[0]
+        return (f"**Base weights.** Trained on mrtpo's preset `{text}`: {what}, dequantised to "
+                f"bfloat16 (GGUF sha256 `{preset.sha256[:12]}…`; {preset.source}), not the original "
+                f"{UPSTREAM.get(text, 'hub')} weights, which differ by the quantisation error. mrtpo loads an "
+                f"adapter naming {UPSTREAM.get(text, text)} on that same preset; on the hub model it behaves close "
+                "to, not exactly as, it did in training.")
+    if text.lower().endswith(".gguf"):
+        return (f"**Base weights.** Trained on `{Path(text).name}`, a GGUF file dequantised to bfloat16 by "
+                "transformers' GGUF loader: the base model is those dequantised weights.")
+    return None
+
+
 def spec_for_base(name: str) -> str:
     """What mrtpo loads for a base model named ``name``: a preset's upstream hub id gives the preset
     (the weights it trained on, offline); anything else is itself."""
@@ -47,4 +67,4 @@ def spec_for_base(name: str) -> str:
     return name
 
 
-__all__ = ["UPSTREAM", "base_model_names", "spec_for_base"]
+__all__ = ["UPSTREAM", "base_model_names", "base_weights_note", "spec_for_base"]

@@ -143,6 +143,12 @@ def load_task_data(config: RunConfig) -> TaskData:
         task = get_task(run.task, **run.task_args)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"task_args {run.task_args!r} do not fit task {run.task!r}: {exc}") from None
+    names = [v.name for v in task.verifiers()]
+    for key in ("reward_weights", "reward_lam"):  # TRL checks reward_weights only once the model has loaded
+        given = getattr(args, key)
+        if given is not None and len(given) != len(names):
+            raise ConfigError(f"{key} has {len(given)} entries for the {len(names)} rewards of task {run.task!r} "
+                              f"({', '.join(names)}): give one per reward, in that order")
     if run.model == "gym":
         if not implements(task, "policy"):
             raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none "
@@ -204,17 +210,19 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     from transformers.trainer_callback import ProgressCallback
 
     from mrtpo.counterfactual import prompt_renderer
-    from mrtpo.model_names import base_model_names
+    from mrtpo.model_names import base_model_names, base_weights_note
     from mrtpo.rewards import VerifierReward
     from mrtpo.trainer import MRTPOTrainer
 
     run, args = config.run, config.args
     data = data if data is not None else load_task_data(config)
     task, train, evals, examples = data.task, data.train, data.evals, data.examples
-    rewards = [VerifierReward(v, examples) for v in task.verifiers()]
+    own_rows = getattr(task, "trainer_rows", None)  # a task file: its functions and columns, called as TRL calls them
+    rewards = task.reward_funcs() if own_rows else [VerifierReward(v, examples) for v in task.verifiers()]
 
     def rows(exs):
-        return Dataset.from_list([{"prompt": ex.messages, "example_id": ex.id} for ex in exs])
+        return Dataset.from_list(own_rows(exs) if own_rows else
+                                 [{"prompt": ex.messages, "example_id": ex.id} for ex in exs])
 
     model, tokenizer, warm_folder = load_model(config, task)
     peft_config = None
@@ -232,7 +240,8 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
         train_dataset=train_ds, eval_dataset=rows(evals) if evals else None, peft_config=peft_config,
     )
     card_name, adapter_name = base_model_names(run.model, run.task)
-    trainer.name_base_model(card_name, None if warm_folder else adapter_name)  # a warm start's adapter: on its folder
+    trainer.name_base_model(card_name, None if warm_folder else adapter_name,  # a warm start's adapter: on its folder
+                            base_weights_note(run.model))
     ours = prompt_renderer(task, tokenizer)(train[0])
     theirs = trainer._render(train_ds[0]["prompt"])
     if ours != theirs:
@@ -258,8 +267,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mrtpo train",
         description="Train a policy with MRTPO or a baseline method on a task (see docs/training.md).",
-        epilog="Any config key can be given as key=value after the flags, e.g. `temperature=0.9 lam=0.5`. "
-               "Precedence: defaults < saved config (resume) < --config files < flags < key=value.",
+        epilog="Any config key can be given as --key value (TRL / HfArgumentParser style: --num_generations 4, "
+               "--use_peft, --lora_target_modules q_proj v_proj) or as key=value after the flags "
+               "(`temperature=0.9 lam=0.5`); TRL's names model_name_or_path, torch_dtype and use_peft are aliases, and "
+               "TRL's --dataset_name with --reward_funcs make a task. "
+               "Precedence: defaults < saved config (resume) < --config files < named flags < --key value < key=value.",
         formatter_class=HelpFormatter,
     )
     # Defaults stay None here so a flag left out does not override a --config file; the help names
@@ -311,6 +323,7 @@ def resolve_from_argv(ns: argparse.Namespace) -> tuple[RunConfig, Path | None]:
              "max_steps": ns.max_steps, "seed": ns.seed, "learning_rate": ns.learning_rate,
              "lora_r": ns.lora_r, "report_to": ns.report_to}
     overrides = {k: v for k, v in flags.items() if v is not None}
+    overrides.update(getattr(ns, "fields", {}))  # --key value (mrtpo.cli_args)
     overrides.update(parse_overrides(ns.overrides))
     checkpoint, base, notes = None, None, []
     if ns.resume is not None:
@@ -374,7 +387,15 @@ def main(argv: list[str] | None = None) -> int:
     """The command. Every check runs before any model loads, and nothing is written into the run
     folder until the settings, the task data and the model have loaded: a command that fails leaves
     an existing run's files as they were."""
-    ns = _parser().parse_args(argv)
+    from mrtpo.cli_args import split_argv
+
+    parser = _parser()
+    try:
+        rest, fields = split_argv(sys.argv[1:] if argv is None else list(argv), parser)
+    except ConfigError as exc:
+        return _error(exc)
+    ns = parser.parse_args(rest)
+    ns.fields = fields
     if ns.list_keys:
         _print_keys()
         return 0

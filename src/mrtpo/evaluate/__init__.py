@@ -222,7 +222,11 @@ def _evaluate_timed(model, tokenizer, task, examples, batch_size, max_new_tokens
         desc=f"eval {getattr(task, 'name', '')}".strip(),
     )
     t1 = time.perf_counter()
-    metrics = task.evaluate([g.output for g in gens], examples)
+    import inspect
+
+    ids = {"completion_ids": [g.token_ids for g in gens]} if "completion_ids" in inspect.signature(
+        task.evaluate).parameters else {}  # a task file's rewards get the token ids, as in training
+    metrics = task.evaluate([g.output for g in gens], examples, **ids)
     return metrics, gens, t1 - t0, time.perf_counter() - t1
 
 
@@ -317,7 +321,10 @@ def _parser() -> argparse.ArgumentParser:
         "deterministic). Writes results.json, results.md and outputs.jsonl.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--task", required=True, help=f"one of {', '.join(TASK_NAMES)}")
+    p.add_argument("--task", required=True,
+                   help=f"one of {', '.join(TASK_NAMES)}, a task a plugin registers (MRTPO_PLUGINS), or a task file: "
+                        "path/to/task.yaml (or a training config with a task: block), scored by the mean of each of "
+                        "its rewards and their weighted sum, reward_total")
     p.add_argument(
         "--model",
         default="qwen2.5-coder-0.5b",

@@ -4,42 +4,46 @@ A ``task:`` block in a training config (or a task file of its own, ``mrtpo train
 
     task:
       dataset: prompts.jsonl          # json/jsonl/csv/parquet file(s), a saved dataset folder, or a hub id
-      prompt: instruction             # the prompt column: plain text or a list of chat messages
+      prompt: instruction             # the prompt column: chat messages, or raw text (see below)
       eval_fraction: 0.2              # or eval_split: test (a split of the dataset)
-      rewards:                        # file.py:function (next to this file) or package.module:function
-        rewards.py:no_commas: 1.0     #   -> its weight
-        rewards.py:short: 0.5
+      rewards:                        # file.py:function (next to this file), package.module:function,
+        rewards.py:no_commas: 1.0     #   or package.module.function -> its weight
+        trl.rewards.think_format_reward: 0.5
+        trl.rewards.get_soft_overlong_punishment:    # a factory: called with args, gives the reward
+          weight: 1.0
+          args: {max_completion_len: 64, soft_punish_cache: 16}
 
-Each reward is an ordinary TRL reward function ``fn(prompts, completions, **columns) -> list[float]``
-(it may carry :func:`mrtpo.rewards.evidence`); the task calls it once per completion with that row's
-columns. Paths are relative to the YAML file's folder. The file's path is the task's name in the
-registry (:func:`mrtpo.tasks.get_task` registers it on first use), so a run's saved ``config.yaml``
-names it and the report, ``mrtpo eval`` and ``mrtpo explain`` find it again. Every mistake (a missing
-file or column, a reward that does not import, an unknown key) is a :class:`TaskFileError` that says
-the fix.
+Each reward is an ordinary TRL reward function (it may carry :func:`mrtpo.rewards.evidence`), and
+training calls it exactly as TRL's GRPOTrainer does, because the trainer is TRL's: once per batch,
+with ``prompts``, ``completions``, ``completion_ids``, ``trainer_state``, ``log_extra``,
+``log_metric`` and every dataset column as keywords (:mod:`mrtpo.reward_calls`; the prompt column
+comes as ``prompts``, and ``example_id`` is added). The prompt rule is TRL's, for the command line
+and the library alike: a prompt that is a list of ``{role, content}`` messages is rendered with the
+chat template and its completions reach the rewards as ``[{"role": "assistant", "content": ...}]``;
+a text prompt is a raw continuation (no chat template) and its completions are text. For a chat
+model, give the prompt column as messages. ``mrtpo eval`` and ``mrtpo explain`` make the same call
+outside training (``trainer_state`` None, no token ids in ``explain``).
+
+Paths are relative to the YAML file's folder. The file's path is the task's name in the registry
+(:func:`mrtpo.tasks.get_task` registers it on first use), so a run's saved ``config.yaml`` names it
+and the report, ``mrtpo eval`` and ``mrtpo explain`` find it again. Every mistake (a missing file or
+column, a reward that does not import, an argument a reward needs that no column gives, an unknown
+key) is a :class:`TaskFileError`, raised before any model loads, that says the fix.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import importlib
-import importlib.util
 import random
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mrtpo.task_base import Task
+from mrtpo.tasks.reward_refs import TaskFileError, close_match_hint, load_reward, reward_list
 from mrtpo.verifiers import Evidence, Example
 
 #: Data-file suffix -> the ``datasets`` builder that reads it.
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-class TaskFileError(ValueError):
-    """A task block that cannot work as written (the message names the key, file or column and the fix)."""
 
 
 @dataclass
@@ -49,9 +53,10 @@ class TaskSpec:
     dataset: Any = None
     """a data file, a list of them, a mapping split -> file(s), a saved dataset folder, or a hub id"""
     prompt: str = "prompt"
-    """the prompt column: text (one user turn) or a list of {role, content} messages"""
+    """the prompt column: a list of {role, content} messages (chat template), or text (raw continuation), as in TRL"""
     rewards: Any = None
-    """reward functions: a list of paths, or a mapping path -> weight (path: file.py:fn or pkg.module:fn)"""
+    ("reward functions: a list of paths, or a mapping path -> weight or {weight, args} (path: file.py:fn, "
+     "pkg.module:fn or pkg.module.fn; args: a factory's keyword arguments)")
     name: str | None = None
     """the task's short name (run folder names, messages); default: the YAML file's folder name"""
     subset: str | None = None
@@ -70,11 +75,6 @@ class TaskSpec:
     """mrtpo eval's generation cap for this task"""
     folder: Path = field(default=Path("."), repr=False)
     """(set by the loader) the YAML file's folder, against which paths resolve"""
-
-
-def _did_you_mean(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def read_spec(path: str | Path) -> TaskSpec:
@@ -99,7 +99,8 @@ def spec_from_mapping(block: dict[str, Any], folder: Path, source: str) -> TaskS
     known = [n for n in TaskSpec.__dataclass_fields__ if n != "folder"]
     for key in block:
         if key not in known:
-            raise TaskFileError(f"unknown key {key!r} in the task block of {source}{_did_you_mean(str(key), known)}; "
+            hint = close_match_hint(str(key), known)
+            raise TaskFileError(f"unknown key {key!r} in the task block of {source}{hint}; "
                                 f"valid keys: {', '.join(known)}")
     spec = TaskSpec(**block, folder=folder)
     if spec.dataset in (None, "", [], {}):
@@ -107,6 +108,8 @@ def spec_from_mapping(block: dict[str, Any], folder: Path, source: str) -> TaskS
                             "(a file, a saved dataset folder or a hub id)")
     if not spec.rewards:
         raise TaskFileError(f"the task block of {source} names no rewards: add `rewards: [rewards.py:my_reward]`")
+    if isinstance(spec.rewards, str):  # one reward
+        spec.rewards = [spec.rewards]
     if not isinstance(spec.rewards, (list, dict)):
         raise TaskFileError(f"rewards in {source} must be a list of paths or a mapping path -> weight, "
                             f"got {spec.rewards!r}")
@@ -117,66 +120,6 @@ def spec_from_mapping(block: dict[str, Any], folder: Path, source: str) -> TaskS
     if spec.eval_split is not None and spec.eval_fraction:
         raise TaskFileError(f"{source}: set eval_split or eval_fraction, not both")
     return spec
-
-
-# --------------------------------------------------------------------------------------------
-# Reward functions by path.
-# --------------------------------------------------------------------------------------------
-def _module_from_file(path: Path) -> Any:
-    """Import a Python file as a module (once per file; registered in sys.modules under a unique name)."""
-    name = "mrtpo_task_rewards_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    loader_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def load_reward(ref: Any, folder: Path) -> Any:
-    """The function that ``ref`` (``file.py:fn`` relative to ``folder``, or ``pkg.module:fn``) names."""
-    if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")):
-        raise TaskFileError(f"reward {ref!r} must be 'file.py:function' or 'package.module:function'")
-    where, attr = ref.split(":")
-    try:
-        if where.endswith(".py") or "/" in where:
-            path = (folder / where).resolve()
-            if not path.is_file():
-                raise TaskFileError(f"reward {ref!r}: file {path} does not exist (paths are relative to the "
-                                    "folder of the task's YAML file)")
-            module = _module_from_file(path)
-        else:
-            module = importlib.import_module(where)
-    except TaskFileError:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- the user's module may raise anything while importing
-        raise TaskFileError(f"reward {ref!r}: {where} does not import ({type(exc).__name__}: {exc})") from None
-    if not hasattr(module, attr):
-        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                         and getattr(v, "__module__", None) == module.__name__)
-        raise TaskFileError(f"reward {ref!r}: {where} has no {attr!r}{_did_you_mean(attr, defined)}; "
-                            f"it defines {', '.join(defined) or 'no functions'}")
-    fn = getattr(module, attr)
-    if not callable(fn):
-        raise TaskFileError(f"reward {ref!r} is a {type(fn).__name__}, not a function "
-                            "fn(prompts, completions, **columns) -> list[float]")
-    return fn
-
-
-def reward_list(spec: TaskSpec) -> list[tuple[str, Any, float]]:
-    """``(path, function, weight)`` for each reward of ``spec``, in order."""
-    items = spec.rewards.items() if isinstance(spec.rewards, dict) else ((r, 1.0) for r in spec.rewards)
-    out = []
-    for ref, weight in items:
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise TaskFileError(f"the weight of reward {ref!r} must be a number, got {weight!r}")
-        out.append((ref, load_reward(ref, spec.folder), float(weight)))
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,31 +188,45 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
 # The task.
 # --------------------------------------------------------------------------------------------
 class FunctionVerifier:
-    """A TRL reward function as a :class:`~mrtpo.verifiers.Verifier`: called on one completion with its
-    example's row (``example.gold``); its evidence is the one its ``@evidence`` declares for that row."""
+    """A TRL reward function as a :class:`~mrtpo.verifiers.Verifier` for one completion at a time
+    (``mrtpo explain``, the report): TRL's call on a batch of one, with its example's row
+    (``example.gold``); its evidence is the one its ``@evidence`` declares for that row."""
 
-    def __init__(self, fn: Any, prompt_column: str, chat: bool):
-        self.fn, self.prompt_column, self.chat = fn, prompt_column, chat
-        self.name = getattr(fn, "__name__", type(fn).__name__)
+    def __init__(self, fn: Any, prompt_column: str, name: str | None = None):
+        self.fn, self.prompt_column = fn, prompt_column
+        self.name = name or reward_name(fn)
 
     def __call__(self, completion: str, example: Example) -> float | None:
-        from mrtpo.rewards import check_reward_values
-
-        row = dict(example.gold)
-        prompt = row.pop(self.prompt_column)
-        shown = [{"role": "assistant", "content": completion}] if self.chat else completion
-        values = check_reward_values(self.name, self.fn(prompts=[prompt], completions=[shown],
-                                                        **{k: [v] for k, v in row.items()}), [example.id])
-        if len(values) != 1:
-            from mrtpo.rewards import RewardValueError
-
-            raise RewardValueError(f"reward function {self.name!r} returned {len(values)} values for 1 completion")
+        values = score(self.fn, self.name, [completion], [example], self.prompt_column)
         return None if values[0] is None else float(values[0])
 
     def evidence(self, example: Example) -> Evidence | None:
         from mrtpo.rewards import evidence_for
 
         return evidence_for(self.fn, example.gold)
+
+
+def reward_name(fn: Any) -> str:
+    """A reward function's name, as TRL names it (``__name__``, else its class's name)."""
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def score(fn: Any, name: str, texts: list[str], examples: list[Example], prompt_column: str,
+          completion_ids: list[list[int]] | None = None) -> list[Any]:
+    """Reward ``fn``'s values for ``texts`` (one per example), from one call made as TRL makes it
+    (:func:`mrtpo.reward_calls.call_reward`), checked as the trainer checks them."""
+    from mrtpo.reward_calls import call_reward
+    from mrtpo.rewards import RewardValueError, check_reward_values
+
+    rows = [dict(ex.gold) for ex in examples]
+    prompts = [row.pop(prompt_column) for row in rows]
+    columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {})}
+    columns["example_id"] = [ex.id for ex in examples]
+    values = call_reward(fn, prompts, texts, columns, completion_ids=completion_ids)
+    values = check_reward_values(name, values, [ex.id for ex in examples])
+    if len(values) != len(texts):
+        raise RewardValueError(f"reward function {name!r} returned {len(values)} values for {len(texts)} completions")
+    return list(values)
 
 
 def as_messages(value: Any, where: str) -> list[dict[str, Any]]:
@@ -282,21 +239,27 @@ def as_messages(value: Any, where: str) -> list[dict[str, Any]]:
 
 
 class ConfigTask(Task):
-    """A :class:`~mrtpo.tasks.Task` over a :class:`TaskSpec`'s dataset and reward functions."""
+    """A :class:`~mrtpo.tasks.Task` over a :class:`TaskSpec`'s dataset and reward functions.
+
+    The trainer gets the functions themselves (:meth:`reward_funcs`) and the dataset's rows
+    (:meth:`trainer_rows`), so TRL calls them as it calls any reward. An example's ``messages`` hold
+    a text prompt as one user turn (the counterfactual prompts cut evidence from it); whether it is
+    rendered raw or with the chat template is :attr:`chat` (:meth:`render_prompt`).
+    """
 
     splits = ("train", "eval")
 
     def __init__(self, spec: TaskSpec, name: str):
         self.spec, self.name = spec, name
         self.max_new_tokens = spec.max_new_tokens
-        self.rewards = reward_list(spec)
+        self.rewards = reward_list(spec.rewards, spec.folder)
         self.reward_weights = [w for _, _, w in self.rewards]
-        names = [getattr(fn, "__name__", ref) for ref, fn, _ in self.rewards]
+        names = [reward_name(fn) for _, fn, _ in self.rewards]
         if len(set(names)) != len(names):
             raise TaskFileError(f"two rewards share a function name ({', '.join(names)}); rename one")
+        self.chat = False
         self._examples = self._build()
-        chat = any(not isinstance(ex.gold[spec.prompt], str) for ex in self._examples["train"][:1])
-        self._verifiers = [FunctionVerifier(fn, spec.prompt, chat) for _, fn, _ in self.rewards]
+        self._verifiers = [FunctionVerifier(fn, spec.prompt, n) for (_, fn, _), n in zip(self.rewards, names)]
 
     def _build(self) -> dict[str, list[Example]]:
         spec = self.spec
@@ -304,16 +267,22 @@ class ConfigTask(Task):
         for wanted in filter(None, (spec.train_split, spec.eval_split)):
             if wanted not in splits:
                 raise TaskFileError(f"dataset {spec.dataset!r} has no split {wanted!r}"
-                                    f"{_did_you_mean(wanted, list(splits))}; its splits: {', '.join(splits)}")
+                                    f"{close_match_hint(wanted, list(splits))}; its splits: {', '.join(splits)}")
         columns = list(splits[spec.train_split].column_names)
         needed = [spec.prompt, *filter(None, [spec.id_column])]
         needed += [fn.mrtpo_evidence.source for _, fn, _ in self.rewards
                    if isinstance(getattr(getattr(fn, "mrtpo_evidence", None), "source", None), str)]
         for col in needed:
             if col not in columns:
-                raise TaskFileError(f"dataset {spec.dataset!r} has no column {col!r}{_did_you_mean(col, columns)}; "
+                raise TaskFileError(f"dataset {spec.dataset!r} has no column {col!r}{close_match_hint(col, columns)}; "
                                     f"its columns: {', '.join(columns)}")
+        self._check_calls(columns)
         train = self._examples_of(splits[spec.train_split], spec.train_split)
+        kinds = {isinstance(ex.gold[spec.prompt], str) for ex in train}
+        if len(kinds) > 1:
+            raise TaskFileError(f"column {spec.prompt!r} mixes text prompts and chat messages; TRL needs one format "
+                                "per dataset (messages for a chat model, text for raw continuation)")
+        self.chat = kinds == {False}
         if spec.eval_split is not None:
             return {"train": train, "eval": self._examples_of(splits[spec.eval_split], spec.eval_split)}
         order = list(range(len(train)))
@@ -321,6 +290,26 @@ class ConfigTask(Task):
         held = set(order[:round(len(train) * spec.eval_fraction)])
         return {"train": [ex for i, ex in enumerate(train) if i not in held],
                 "eval": [ex for i, ex in enumerate(train) if i in held]}
+
+    def _check_calls(self, columns: list[str]) -> None:
+        """The trainer's dataset (the prompt column as ``prompt``, plus ``example_id``) must not clash with
+        the task's columns, and TRL's call of each reward on it must bind (:func:`~mrtpo.reward_calls.call_problem`)."""
+        from mrtpo.reward_calls import call_problem
+
+        spec = self.spec
+        for clash in ("prompt", "example_id"):
+            if clash in columns and clash != spec.prompt and not (clash == "example_id" == spec.id_column):
+                raise TaskFileError(f"dataset {spec.dataset!r} has a column {clash!r} besides the prompt column "
+                                    f"{spec.prompt!r}; the trainer's dataset uses that name ("
+                                    + ("TRL's prompt column): rename the column, or set prompt: prompt"
+                                       if clash == "prompt" else "the example ids): set id_column: example_id")
+                                    + ")")
+        renamed = ["prompt" if c == spec.prompt else c for c in columns]
+        trainer_columns = [*renamed, *([] if "example_id" in renamed else ["example_id"])]
+        for ref, fn, _ in self.rewards:
+            problem = call_problem(fn, reward_name(fn), trainer_columns)
+            if problem is not None:
+                raise TaskFileError(f"{problem} (reward {ref!r} of {spec.dataset!r})")
 
     def _examples_of(self, rows: Any, split: str) -> list[Example]:
         out = []
@@ -339,18 +328,47 @@ class ConfigTask(Task):
     def verifiers(self) -> list[FunctionVerifier]:
         return list(self._verifiers)
 
-    def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
-        """Mean of each reward over the outputs, and their weighted sum (``reward_total``)."""
+    def reward_funcs(self) -> list[Any]:
+        """The reward functions themselves, for the trainer (TRL calls them; their ``@evidence`` reads the rows)."""
+        return [fn for _, fn, _ in self.rewards]
+
+    def trainer_rows(self, examples: list[Example]) -> list[dict[str, Any]]:
+        """The trainer's dataset rows: each example's columns, the prompt column as ``prompt`` (as given:
+        text or messages), and ``example_id``."""
+        rows = []
+        for ex in examples:
+            row = {k: v for k, v in ex.gold.items() if k != self.spec.prompt}
+            rows.append({"prompt": ex.gold[self.spec.prompt], **row, "example_id": ex.id})
+        return rows
+
+    def render_prompt(self, example: Example, tokenizer: Any) -> str:
+        """The prompt string as TRL renders it: a chat prompt through the chat template, a text prompt as is
+        (its one user turn's text: the counterfactuals edit that turn)."""
+        if self.chat:
+            from mrtpo.counterfactual import default_render_prompt
+
+            return default_render_prompt(example, tokenizer)
+        return "".join(str(m["content"]) for m in example.messages)
+
+    def evaluate(self, outputs: list[str], examples: list[Example],
+                 completion_ids: list[list[int]] | None = None) -> dict[str, Any]:
+        """Mean of each reward over the outputs (one call per reward, as TRL makes it), and their weighted
+        sum (``reward_total``). A reward's None / NaN ("not applicable") counts as 0."""
         if len(outputs) != len(examples):
             raise ValueError(f"{len(outputs)} outputs for {len(examples)} examples")
         n = max(len(outputs), 1)
         metrics: dict[str, Any] = {}
         for v in self._verifiers:
-            metrics[f"reward/{v.name}"] = sum(v(o, ex) or 0.0 for o, ex in zip(outputs, examples)) / n
+            values = score(v.fn, v.name, list(outputs), examples, self.spec.prompt, completion_ids) if outputs else []
+            metrics[f"reward/{v.name}"] = sum(_finite(x) for x in values) / n
         metrics["reward_total"] = sum(w * metrics[f"reward/{v.name}"]
                                       for v, w in zip(self._verifiers, self.reward_weights))
         metrics["n"] = len(outputs)
         return metrics
+
+
+def _finite(value: Any) -> float:
+    return 0.0 if value is None or value != value else float(value)
 
 
 def task_name(path: str | Path, spec: TaskSpec) -> str:
@@ -365,4 +383,4 @@ def load_task_file(path: str | Path) -> ConfigTask:
 
 
 __all__ = ["ConfigTask", "FunctionVerifier", "TaskFileError", "TaskSpec", "as_messages", "load_reward",
-           "load_splits", "load_task_file", "read_spec", "reward_list", "spec_from_mapping"]
+           "load_splits", "load_task_file", "read_spec", "reward_list", "reward_name", "score", "spec_from_mapping"]

@@ -13,6 +13,7 @@ for a model loaded from mrtpo's preset cache both are a local path, which names 
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any
 
 #: The MRTPO paper, as TRL's card template cites a trainer's method.
@@ -37,11 +38,16 @@ class ModelCardMixin:
     _paper = MRTPO_PAPER
     #: The base model as the card names it (None: TRL's own rule, the config's ``_name_or_path``).
     base_model_name: str | None = None
+    #: A paragraph the card adds on the base weights (a dequantised GGUF), or None.
+    base_weights_note: str | None = None
 
-    def name_base_model(self, card_name: str | None, adapter_name: str | None = None) -> None:
+    def name_base_model(self, card_name: str | None, adapter_name: str | None = None,
+                        weights_note: str | None = None) -> None:
         """Name the base model on the model card (``card_name``) and in each LoRA adapter's
-        ``adapter_config.json`` (``adapter_name``; None leaves peft's value)."""
+        ``adapter_config.json`` (``adapter_name``; None leaves peft's value); ``weights_note``: a
+        paragraph the card adds on the base weights (:func:`mrtpo.model_names.base_weights_note`)."""
         self.base_model_name = card_name
+        self.base_weights_note = weights_note
         peft_config = getattr(self.model, "peft_config", None)
         if adapter_name and isinstance(peft_config, dict):
             for config in peft_config.values():
@@ -62,6 +68,12 @@ class ModelCardMixin:
             super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)  # type: ignore[misc]
         finally:
             config._name_or_path = before
+        card = Path(self.args.output_dir) / "README.md"  # type: ignore[attr-defined]
+        if self.base_weights_note and card.is_file() and self.base_weights_note not in card.read_text():
+            text = card.read_text()
+            at = text.find("\n## ", text.find("## Quick start") + 1)  # after the quick start, before the rest
+            at = len(text) if at < 0 else at
+            card.write_text(text[:at].rstrip("\n") + f"\n\n{self.base_weights_note}\n\n" + text[at:].lstrip("\n"))
 
 
 __all__ = ["MRTPO_PAPER", "ModelCardMixin"]

@@ -66,6 +66,9 @@ class MRTPOConfig(GRPOConfig):
     privileged_header: str = _setting(DEFAULT_PRIVILEGED_HEADER, "header above appended privileged evidence")
     credit_batch_norm: bool = _setting(True, "normalise sequence scores over the global batch (GDPO step 3)")
     credit_samples: int = _setting(2, "completions per generation step saved for the token-credit view")
+    log_credit_detail: bool = _setting(False, (
+        "send every credit metric (15 a reward: deciles, Gini, entropy, overlaps) to the console and trackers; "
+        "false: relevance_mean and top10_share a reward there, the full set in metrics.jsonl"))
     shared_prompt_generation: bool = _setting(True, (
         "prefill each distinct prompt once before sampling its group (transformers generation, text only)"))
     fast_generation: bool = _setting(True, (
@@ -119,11 +122,12 @@ class MRTPOConfig(GRPOConfig):
                 f"whose advantages aggregate the rewards as {aggregation!r}: the method decides how rewards are "
                 "combined; leave multi_objective_aggregation unset (or choose another method)"
             )
-        if self.scale_rewards != "group":
+        if self.scale_rewards != "group" and not (self.method == "grpo" and self.scale_rewards in ("batch", "none")):
             raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} is not supported: grpo divides by each group's std "
-                "(scale_rewards='group'); the GDPO family (gdpo, mrtpo, contrast, entropy) divides each reward by its "
-                "group's std and the sum by the batch's (credit_batch_norm). Leave scale_rewards='group'"
+                f"scale_rewards={self.scale_rewards!r} is not supported with method={self.method!r}: the GDPO family "
+                "(gdpo, mrtpo, contrast, entropy, ...) divides each reward by its group's std and the sum by the "
+                "batch's (credit_batch_norm). Leave scale_rewards='group', or use method='grpo', which takes TRL's "
+                "'group', 'batch' and 'none' (Dr. GRPO)"
             )
         if self.importance_sampling_level != "token":
             raise ValueError(

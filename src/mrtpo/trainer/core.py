@@ -33,7 +33,8 @@ The config and the keys it shares with the trainer live in :mod:`mrtpo.trainer.c
 
 TRL's loss is untouched: it already accepts ``(B, T)`` advantages. Loss types that assume one
 advantage per sequence are rejected by the config, and so are TRL's reward-aggregation settings
-that the method decides instead (``multi_objective_aggregation``, ``scale_rewards``).
+that the method decides instead (``multi_objective_aggregation``; ``scale_rewards`` other than ``group``,
+except under ``method="grpo"``, whose advantages are then TRL's own, scaled as asked).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from mrtpo.replay_plan import (
     plan_group,
     plan_replays,
 )
+from mrtpo.reward_calls import check_reward_calls
 from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer.card import ModelCardMixin
@@ -88,6 +90,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_reward_calls(GRPOTrainer.__init__, self, *args, **kwargs)  # before GRPOTrainer loads a model by name
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, MRTPOConfig):
             raise TypeError("MRTPOTrainer needs an MRTPOConfig (args=MRTPOConfig(...))")
@@ -114,7 +117,9 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self._last_rewards: Tensor | None = None
         self._update_skips_zero_rows = self._skips_zero_rows()
         self._timing = {"generation": 0.0, "scoring": 0.0, "replay": 0.0}
-        self.add_callback(MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl"))
+        # first: it writes each log line whole, then leaves the trackers the summary (log_credit_detail)
+        self.callback_handler.callbacks.insert(0, MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl",
+                                                               detail=self.args.log_credit_detail))
 
     def _skips_zero_rows(self) -> bool:
         """Whether the update may leave out completions whose advantage is 0 at every token
@@ -317,10 +322,13 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         batch = CreditBatch(rewards=self._last_rewards, group_size=self.num_generations, mask=mask, rows=rows,
                             **{field: maps.get(field) for field in CREDIT_FIELDS})
         advantages = self.credit_method(batch, self.credit_config)
+        sequence = self.credit_method.sequence_advantages(batch, self.credit_config)
+        if self.args.scale_rewards != "group":  # method grpo only (MRTPOConfig): TRL's own, scaled as asked
+            sequence = out["advantages"].detach().float().cpu()
+            advantages = sequence.unsqueeze(1) * mask
         self._trl_advantages = out["advantages"].detach().cpu()  # TRL's own (B,), kept for comparison
         out["advantages"] = advantages.to(device)
         # Travels with the rows through TRL's shuffle and split: the off-policy mask's per-sequence sign.
-        sequence = self.credit_method.sequence_advantages(batch, self.credit_config)
         out[SEQUENCE_ADVANTAGES_KEY] = sequence.to(device)
         if self._update_skips_zero_rows:
             out[ZERO_ADVANTAGE_KEY] = self._zero_advantage_rows(coefficients[rows], sequence, mask).to(device)

@@ -28,10 +28,16 @@ class MetricsJSONL(TrainerCallback):
     line, which the next resume drops. Non-finite numbers (NaN, ±inf) are written as ``null``: the
     file stays JSON. On resume, lines logged after the checkpoint's step (by the interrupted run)
     are dropped, so the file reads as one continuous run.
+
+    With ``detail=False`` the credit metrics beyond :data:`SUMMARY_CREDIT` (deciles, Gini, entropy,
+    overlaps: 15 keys a reward) are then taken out of the log line the later callbacks see (console,
+    TensorBoard, wandb, trackio); ``metrics.jsonl`` and ``trainer.state.log_history`` keep them all.
+    The trainer puts this callback first, so it sees every line whole.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, detail: bool = True):
         self.path = Path(path)
+        self.detail = detail
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -44,6 +50,20 @@ class MetricsJSONL(TrainerCallback):
         record.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str)) or v is None})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         append_jsonl(self.path, record)
+        if not self.detail:
+            for key in [k for k in logs if is_credit_detail(k)]:
+                del logs[key]
+
+
+#: The credit metrics a reward keeps on the console and in trackers (``log_credit_detail=false``).
+SUMMARY_CREDIT = ("relevance_mean", "top10_share")
+
+
+def is_credit_detail(key: str) -> bool:
+    """Whether log key ``key`` is a credit metric beyond :data:`SUMMARY_CREDIT` (``credit/<reward>/<metric>``,
+    ``credit/top10_overlap/<a>~<b>``)."""
+    parts = key.split("/")
+    return parts[0] == "credit" and (parts[1] == "top10_overlap" or parts[-1] not in SUMMARY_CREDIT)
 
 
 def json_line(record: dict[str, Any]) -> str:
