@@ -8,7 +8,9 @@ A LoRA run's ``model/`` holds only the adapter: export loads the base model the 
 (peft ``merge_and_unload``), and saves the merged weights in float32 with the tokenizer and model
 card. A full fine-tuning run's ``model/`` is already whole: export copies it. A run without
 ``model/`` (stopped before the end) exports its newest complete checkpoint, with a note. The output
-appears whole or not at all (written next to it, renamed last).
+appears whole or not at all (written next to it, renamed last). It replaces only a folder an earlier
+export wrote (its mark file), and only with ``--overwrite``: a run folder, a folder inside or holding
+one, and a folder of other files are refused (:func:`mrtpo.run_folder.check_output_folder`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from mrtpo.cli_help import HelpFormatter
 from mrtpo.config import CONFIG_NAME, ConfigError, load_config
-from mrtpo.run_folder import find_checkpoint
+from mrtpo.run_folder import OUTPUT_MARK, check_output_folder, find_checkpoint, mark_output
 from mrtpo.run_outputs import FINAL_DIR, is_adapter
 
 __all__ = ["export_model", "main"]
@@ -50,15 +52,16 @@ def export_model(run: str | Path, output_dir: str | Path | None = None, overwrit
     if note:
         print(note, flush=True)
     dest = Path(output_dir) if output_dir else run / EXPORT_DIR
-    if dest.exists() and any(dest.iterdir()) and not overwrite:
-        raise ConfigError(f"{dest} exists and is not empty: give another --output-dir, or --overwrite")
+    check_output_folder(dest, overwrite, slot=run / EXPORT_DIR)
     partial = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     if is_adapter(source):
         _merge(run, source, partial)
     else:
         shutil.copytree(source, partial, ignore=shutil.ignore_patterns(
-            "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml"))
+            "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml",
+            OUTPUT_MARK))
+    mark_output(partial)
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -113,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         dest = export_model(ns.run, ns.output_dir, ns.overwrite)
     except (ConfigError, ModelLoadError) as exc:
         print(f"mrtpo export: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a read-only folder: the run is untouched, the output not written
+        print(f"mrtpo export: error: cannot write {exc.filename or ns.output_dir}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 2
     kind = "merged LoRA adapter" if is_adapter(_source(Path(ns.run))[0]) else "copy"
     print(f"exported ({kind}): {dest}")

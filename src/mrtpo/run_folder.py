@@ -69,6 +69,66 @@ def check_fresh_folder(folder: Path, overwrite: bool) -> None:
                           "start over in it with --overwrite (removes that run's files), or give another --output-dir")
 
 
+#: The mark a command leaves in an output folder it wrote whole (``mrtpo export``): the only non-empty
+#: folder such a command replaces (:func:`check_output_folder`).
+OUTPUT_MARK = ".mrtpo-output"
+
+
+def _run_above(path: Path) -> Path | None:
+    """The run folder or checkpoint that ``path`` is, or is inside (None: neither)."""
+    for folder in (path, *path.parents):
+        if _CHECKPOINT.match(folder.name) or run_files(folder):
+            return folder
+    return None
+
+
+def check_output_folder(dest: Path, overwrite: bool, slot: Path | None = None) -> None:
+    """A command that writes a whole folder (``mrtpo export``) may replace ``dest`` only when it is new,
+    empty, or its own earlier output (:data:`OUTPUT_MARK`; ``slot``, the run's own output folder, counts as
+    one) and ``overwrite`` is given. A file, a run folder or checkpoint, a folder inside one (other than
+    ``slot``), one holding a run, or one holding other files is refused, with the reason."""
+    dest = Path(os.path.abspath(dest))
+    slot = Path(os.path.abspath(slot)) if slot is not None else None
+    if dest.exists() and not dest.is_dir():
+        raise ConfigError(f"{dest} is a file: give a folder (new or empty) as the output")
+    if dest != slot and (above := _run_above(dest)) is not None:
+        where = "is a run folder" if above == dest and run_files(dest) else f"is inside the run folder {above}"
+        if _CHECKPOINT.match(above.name):
+            where = "is a checkpoint" if above == dest else f"is inside the checkpoint {above}"
+        raise ConfigError(f"{dest} {where}; replacing it would delete the run's files: give a new or empty folder")
+    entries = sorted(dest.iterdir()) if dest.is_dir() else []
+    if not entries:
+        return
+    runs = [p for p in entries if p.is_dir() and (run_files(p) or _CHECKPOINT.match(p.name))]
+    if runs:
+        raise ConfigError(f"{dest} holds a run ({', '.join(p.name for p in runs[:3])}); replacing it would delete "
+                          "that run: give a new or empty folder")
+    written = _marked_files(dest)
+    if written is None and dest == slot:  # an export by an older mrtpo, without the mark: its files, no folders
+        written = {p.name for p in entries if p.is_file() and p.name not in RUN_FILES[:3]}
+    foreign = [p.name for p in entries if p.name not in (written or set()) | {OUTPUT_MARK}]
+    if foreign:
+        names = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        raise ConfigError(f"{dest} holds files mrtpo export did not write ({names}); it replaces only a folder it "
+                          "wrote: give a new or empty folder")
+    if not overwrite:
+        raise ConfigError(f"{dest} holds an earlier export: --overwrite replaces it, or give another folder")
+
+
+def mark_output(folder: Path) -> None:
+    """Mark ``folder`` as written whole by a command, listing its files (:func:`check_output_folder`)."""
+    names = sorted(p.name for p in folder.iterdir() if p.name != OUTPUT_MARK)
+    (folder / OUTPUT_MARK).write_text(json.dumps({"written_by": "mrtpo", "files": names}) + "\n")
+
+
+def _marked_files(folder: Path) -> set[str] | None:
+    """The files :func:`mark_output` listed in ``folder`` (None: no readable mark)."""
+    try:
+        return set(json.loads((folder / OUTPUT_MARK).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def check_writable(folder: Path) -> None:
     """Create ``folder`` if needed and write a few bytes there, so a read-only or full disk is one
     clear error before the model loads rather than a traceback later."""
@@ -224,6 +284,7 @@ def config_differences(saved: dict[str, Any], folder: dict[str, Any], given: set
     return [f"{k}: {saved.get(k)!r} vs {folder.get(k)!r}" for k in keys if saved.get(k) != folder.get(k)]
 
 
-__all__ = ["RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem", "check_fresh_folder",
-           "check_writable", "checkpoint_problem", "checkpoint_step", "checkpoints", "clear_run",
-           "config_differences", "file_problem", "find_checkpoint", "run_files", "saved_config"]
+__all__ = ["OUTPUT_MARK", "RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem",
+           "check_fresh_folder", "check_output_folder", "check_writable", "checkpoint_problem", "checkpoint_step",
+           "checkpoints", "clear_run", "config_differences", "file_problem", "find_checkpoint", "mark_output",
+           "run_files", "saved_config"]
