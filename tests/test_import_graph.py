@@ -18,6 +18,7 @@ SRC = Path(mrtpo.__file__).parent
 #: one runs the package's ``__init__``, so none of them can sit lower than it.
 FLOORS = {
     "credit": 0, "verifiers": 0, "machine": 0, "warning_filters": 0, "testing": 0, "cli_help": 0, "hub": 0,
+    "validation": 0,
     "__init__": 1, "tasks": 1, "counterfactual": 1, "replay_plan": 1, "replay": 1, "shared_prompt": 1, "fast_decode": 1,
     "packing": 1, "sampling": 1, "rewards": 1, "models": 1, "report": 1, "gym": 1,
     "model_init": 1, "model_names": 1,

@@ -86,3 +86,83 @@ def test_export_replaces_only_its_own_earlier_export(tmp_path, capsys):
     (dest / "mine.txt").write_text("added by hand")  # an export with files of the user's: not replaced
     assert "holds files mrtpo export did not write (mine.txt)" in export_error(capsys, run, "--output-dir", dest,
                                                                                 "--overwrite")
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Numeric settings: finite and in range, one check for the command line, task files and the API.
+# --------------------------------------------------------------------------------------------
+NAN, INF = float("nan"), float("inf")
+BAD_NUMBERS = [
+    ({"reward_weights": [NAN, 1.0, 1.0]}, "reward_weights must be finite, got [nan, 1.0, 1.0]"),
+    ({"reward_weights": [1.0, -INF, 1.0]}, "reward_weights must be finite, got [1.0, -inf, 1.0]"),
+    ({"temperature": 0.0}, "temperature must be > 0, got 0.0"),  # MRTPOConfig(temperature=0): ZeroDivisionError
+    ({"temperature": NAN}, "temperature must be finite, got nan"),
+    ({"learning_rate": INF}, "learning_rate must be finite, got inf"),
+    ({"lam": NAN}, "lam must be finite, got nan"),
+    ({"max_grad_norm": NAN}, "max_grad_norm must be finite, got nan"),
+    ({"beta": -0.1}, "beta must be >= 0, got -0.1"),
+    ({"max_steps": 0}, "max_steps must be >= 1, got 0"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1]"),
+    ({"num_generations": 1}, "num_generations must be >= 2"),
+]
+
+
+@pytest.mark.parametrize("settings, message", BAD_NUMBERS, ids=[next(iter(s)) + str(i) for i, (s, _) in
+                                                                 enumerate(BAD_NUMBERS)])
+def test_a_bad_number_is_refused_by_the_python_api(settings, message):
+    from mrtpo.trainer.config import MRTPOConfig
+
+    with pytest.raises(ValueError) as err:
+        MRTPOConfig(output_dir="unused", use_cpu=True, **settings)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("settings, message", BAD_NUMBERS, ids=[next(iter(s)) + str(i) for i, (s, _) in
+                                                                 enumerate(BAD_NUMBERS)])
+def test_a_bad_number_is_refused_by_the_config_layers(settings, message):
+    with pytest.raises(ConfigError) as err:
+        load_config([], {"task": "gym-constraints", "model": "gym", **settings})
+    assert message in str(err.value)
+
+
+def test_the_api_defaults_pass_and_max_steps_minus_one_means_epochs_there_only():
+    from mrtpo.trainer.config import MRTPOConfig
+
+    assert MRTPOConfig(output_dir="unused", use_cpu=True).max_steps == -1  # transformers' default: train num_train_epochs
+    with pytest.raises(ConfigError, match="max_steps must be >= 1, got -1"):
+        load_config([], {"task": "gym-constraints", "model": "gym", "max_steps": -1})
+
+
+@pytest.mark.parametrize("key, value", [("lora_alpha", INF), ("lora_learning_rate", INF), ("lora_dropout", NAN)])
+def test_run_settings_must_be_finite(key, value):
+    with pytest.raises(ConfigError, match=f"{key} must be"):
+        load_config([], {"task": "gym-constraints", "model": "gym", key: value})
+
+
+def write_task(folder: Path, weights: str = "1.0", reward: str = "return [1.0 for _ in completions]",
+               rows: str = '{"prompt": "say hi", "tags": ["a"]}\n' * 4) -> Path:
+    """A task file with one reward (``reward`` is its body) over ``rows`` (data.jsonl)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "data.jsonl").write_text(rows)
+    (folder / "rewards.py").write_text(f"def r(completions, **kwargs):\n    {reward}\n")
+    (folder / "task.yaml").write_text(f"dataset: data.jsonl\nrewards:\n  rewards.py:r: {weights}\n")
+    return folder / "task.yaml"
+
+
+@pytest.mark.parametrize("weight", [".nan", ".inf", "-.inf"])
+def test_a_task_file_reward_weight_must_be_finite(tmp_path, weight):
+    from mrtpo.tasks.from_config import TaskFileError, load_task_file
+
+    with pytest.raises(TaskFileError, match=r"the weight of reward 'rewards.py:r' must be a finite number"):
+        load_task_file(write_task(tmp_path, weights=weight))
+
+
+def test_a_nan_weight_on_the_command_line_is_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    import mrtpo.train
+
+    monkeypatch.setattr(mrtpo.train, "build_trainer", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert mrtpo.train.main(["--task", "gym-constraints", "--model", "gym", "--output-dir", str(tmp_path / "run"),
+                             "reward_weights=[.nan, 1, 1]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "reward_weights must be finite, got [nan, 1, 1]" in err
+    assert not (tmp_path / "run").exists()

@@ -25,6 +25,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import math
 import random
 import sys
 from dataclasses import dataclass, field
@@ -172,8 +173,9 @@ def reward_list(spec: TaskSpec) -> list[tuple[str, Any, float]]:
     items = spec.rewards.items() if isinstance(spec.rewards, dict) else ((r, 1.0) for r in spec.rewards)
     out = []
     for ref, weight in items:
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise TaskFileError(f"the weight of reward {ref!r} must be a number, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise TaskFileError(f"the weight of reward {ref!r} must be a{' finite' * isinstance(weight, float)} "
+                                f"number, got {weight!r}")
         out.append((ref, load_reward(ref, spec.folder), float(weight)))
     return out
 

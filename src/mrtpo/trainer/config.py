@@ -6,12 +6,13 @@ Validation happens at construction, so a wrong setting fails before any model is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER
 from mrtpo.credit import DEFAULT_LAM, DEFAULT_W_MAX, RELEVANCE_KINDS, available_methods, get_method
+from mrtpo.validation import check_trainer_numbers
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
 SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
@@ -83,6 +84,7 @@ class MRTPOConfig(GRPOConfig):
         "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused"))
 
     def __post_init__(self) -> None:
+        check_trainer_numbers(lambda key: getattr(self, key), [f.name for f in fields(self) if f.init])
         super().__post_init__()
         if self.method not in available_methods():
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(available_methods())}")
