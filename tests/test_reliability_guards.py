@@ -6,13 +6,10 @@ Every run folder here is made by hand (a ``config.yaml`` and a ``model/`` of a f
 full fine-tuning run copies ``model/`` and loads nothing.
 """
 
-import errno
 import json
-import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -128,7 +125,7 @@ def test_a_bad_number_is_refused_by_the_config_layers(settings, message):
 def test_the_api_defaults_pass_and_max_steps_minus_one_means_epochs_there_only():
     from mrtpo.trainer.config import MRTPOConfig
 
-    assert MRTPOConfig(output_dir="unused", use_cpu=True).max_steps == -1  # transformers' default: train num_train_epochs
+    assert MRTPOConfig(output_dir="unused", use_cpu=True).max_steps == -1  # epochs
     with pytest.raises(ConfigError, match="max_steps must be >= 1, got -1"):
         load_config([], {"task": "gym-constraints", "model": "gym", "max_steps": -1})
 
@@ -166,3 +163,106 @@ def test_a_nan_weight_on_the_command_line_is_one_line_before_any_model_loads(tmp
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "reward_weights must be finite, got [nan, 1, 1]" in err
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# 3. One writer per run folder.
+# --------------------------------------------------------------------------------------------
+GYM = ["--task", "gym-constraints", "--model", "gym"]
+GYM_KEYS = ["task_args={policy: {steps: 3, batch_size: 8}}", "num_generations=4", "per_device_train_batch_size=8",
+            "max_completion_length=24", "report=false", "save_steps=1"]
+
+
+@pytest.fixture
+def gym_cache(tmp_path, monkeypatch):
+    """The gym warm starts of a test go to a temporary model cache; torch on one thread."""
+    import torch
+
+    monkeypatch.setenv("MRTPO_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def held_elsewhere(folder: Path) -> bool:
+    """Whether some open file holds ``folder``'s run lock (a new open file description cannot take it)."""
+    import fcntl
+
+    from mrtpo.run_folder import LOCK_NAME
+
+    with open(folder / LOCK_NAME, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path, capsys):
+    import mrtpo.train
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from mrtpo.run_folder import lock_run_folder; lock_run_folder(Path(sys.argv[1])); "
+                               "print('locked', flush=True); time.sleep(60)", str(out)],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": "src"})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert mrtpo.train.main([*GYM, "--output-dir", str(out), *GYM_KEYS]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0
+        assert f"{out} is in use by another mrtpo run (pid {holder.pid})" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in out.iterdir()) == [".mrtpo.lock"]  # nothing of a run was written
+
+
+def test_the_lock_is_held_before_a_model_loads_and_released_on_return(tmp_path, monkeypatch, capsys):
+    import mrtpo.train
+
+    out = tmp_path / "run"
+    seen = []
+
+    def build(config, data=None):
+        seen.append(held_elsewhere(out))
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(mrtpo.train, "build_trainer", build)
+    assert mrtpo.train.main([*GYM, "--output-dir", str(out), *GYM_KEYS]) == 2
+    assert seen == [True]
+    assert not held_elsewhere(out) and (out / ".mrtpo.lock").read_text() == ""  # released, the pid cleared
+
+
+def test_processes_of_one_run_do_not_refuse_each_other(tmp_path, monkeypatch):
+    """Under torchrun / accelerate only rank 0 takes the lock: the other ranks write nothing themselves."""
+    import mrtpo.train
+
+    out = tmp_path / "run"
+    from mrtpo.run_folder import lock_run_folder
+
+    lock = lock_run_folder(out)  # rank 0 holds it
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(mrtpo.train, "build_trainer", lambda *a, **k: (_ for _ in ()).throw(ConfigError("rank 1 on")))
+    try:
+        assert mrtpo.train.main([*GYM, "--output-dir", str(out), *GYM_KEYS]) == 2  # reached the model, not refused
+    finally:
+        lock.release()
+
+
+@pytest.mark.slow  # two subprocesses that import torch and train: ~50 s on a shared 2-core machine
+def test_two_runs_started_together_never_share_a_folder(tmp_path, gym_cache):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "mrtpo.cli", "train", *GYM, "--output-dir", str(out), "--max-steps", "2",
+               *GYM_KEYS]
+    env = {**os.environ, "PYTHONPATH": "src", "OMP_NUM_THREADS": "1"}
+    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
+    assert sorted(code for code, _ in results) == [0, 2], results
+    refused = next(err for code, err in results if code == 2)
+    assert "is in use by another mrtpo run" in refused or "already holds a run" in refused
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 2

@@ -1,6 +1,8 @@
 """The run folder as a transaction: which folder a fresh run may use, which checkpoint a resume may
 continue, and the settings copy each checkpoint carries.
 
+- One process writes into a run folder at a time: the run holds an exclusive lock on its
+  :data:`LOCK_NAME` from before it writes anything until it ends (:func:`lock_run_folder`).
 - A folder that holds another run (:data:`RUN_FILES`, ``checkpoint-N/``) is refused to a fresh run;
   ``--overwrite`` removes that run's files, and only those (:func:`clear_run`).
 - A checkpoint is *complete* when the HF Trainer finished writing it: ``trainer_state.json`` is the
@@ -127,6 +129,50 @@ def _marked_files(folder: Path) -> set[str] | None:
         return set(json.loads((folder / OUTPUT_MARK).read_text())["files"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+# --------------------------------------------------------------------------------------------
+# One writer per run folder.
+# --------------------------------------------------------------------------------------------
+#: The lock file in a run folder: an exclusive ``flock`` held by the run writing there, with its pid.
+LOCK_NAME = ".mrtpo.lock"
+
+
+class RunLock:
+    """An exclusive ``flock`` on a run folder's :data:`LOCK_NAME`, held until :meth:`release` (or the
+    process ends: the kernel drops it then, so a killed run leaves no stale lock). The file holds the
+    holder's pid while held and is emptied on release."""
+
+    def __init__(self, fd: int):
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing the only descriptor drops the flock
+            self.fd = None
+
+
+def lock_run_folder(folder: Path) -> RunLock:
+    """Take ``folder``'s run lock (creating the folder); a :class:`ConfigError` naming the holder's pid
+    when another process holds it. Take it before writing anything into the folder."""
+    import fcntl
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"cannot write to the output folder {folder}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"{folder} is in use by another mrtpo run (pid {holder}): wait for it to end, or give "
+                          "another --output-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return RunLock(fd)
 
 
 def check_writable(folder: Path) -> None:
@@ -284,7 +330,7 @@ def config_differences(saved: dict[str, Any], folder: dict[str, Any], given: set
     return [f"{k}: {saved.get(k)!r} vs {folder.get(k)!r}" for k in keys if saved.get(k) != folder.get(k)]
 
 
-__all__ = ["OUTPUT_MARK", "RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem",
-           "check_fresh_folder", "check_output_folder", "check_writable", "checkpoint_problem", "checkpoint_step",
-           "checkpoints", "clear_run", "config_differences", "file_problem", "find_checkpoint", "mark_output",
-           "run_files", "saved_config"]
+__all__ = ["LOCK_NAME", "OUTPUT_MARK", "RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem",
+           "RunLock", "check_fresh_folder", "check_output_folder", "check_writable", "checkpoint_problem",
+           "checkpoint_step", "checkpoints", "clear_run", "config_differences", "file_problem", "find_checkpoint",
+           "lock_run_folder", "mark_output", "run_files", "saved_config"]

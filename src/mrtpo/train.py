@@ -59,6 +59,7 @@ from mrtpo.run_folder import (  # noqa: E402
     clear_run,
     config_differences,
     find_checkpoint,
+    lock_run_folder,
     run_files,
     saved_config,
 )
@@ -372,7 +373,17 @@ def _error(text: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The command. Every check runs before any model loads, and nothing is written into the run
     folder until the settings, the task data and the model have loaded: a command that fails leaves
-    an existing run's files as they were."""
+    an existing run's files as they were. The main process holds the run folder's lock
+    (:func:`~mrtpo.run_folder.lock_run_folder`) from before its checks until the command returns."""
+    locks: list = []
+    try:
+        return _main(argv, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _main(argv: list[str] | None, locks: list) -> int:
     ns = _parser().parse_args(argv)
     if ns.list_keys:
         _print_keys()
@@ -394,9 +405,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         data = load_task_data(config)
         if main_process:
+            check_writable(out)
+            locks.append(lock_run_folder(out))  # before the folder is judged, and held while writing it
             if checkpoint is None:
                 check_fresh_folder(out, ns.overwrite)
-            check_writable(out)
     except (ConfigError, ModelLoadError, HubError) as exc:
         return _error(exc)
     t0 = time.perf_counter()
