@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,88 @@ def test_two_runs_started_together_never_share_a_folder(tmp_path, gym_cache):
     assert "is in use by another mrtpo run" in refused or "already holds a run" in refused
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and steps[-1] == 2
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Reward functions with a deadline.
+# --------------------------------------------------------------------------------------------
+def slow_trainer(timeout):
+    """What :func:`mrtpo.rewards.checked_reward_funcs` reads of a trainer: a fast, a slow and an async reward."""
+    import asyncio
+    from types import SimpleNamespace
+
+    def fast(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    def slow(completions, **kwargs):
+        time.sleep(5)
+        return [1.0] * len(completions)
+
+    async def slow_async(completions, **kwargs):
+        await asyncio.sleep(5)
+        return [1.0] * len(completions)
+
+    return SimpleNamespace(reward_funcs=[fast, slow, slow_async], reward_func_names=["fast", "slow", "slow_async"],
+                           args=SimpleNamespace(reward_timeout=timeout))
+
+
+def test_a_reward_past_its_deadline_is_named_and_progress_is_shown(monkeypatch, capsys):
+    import asyncio
+
+    import mrtpo.rewards
+    from mrtpo.rewards import RewardTimeoutError, checked_reward_funcs
+
+    monkeypatch.setattr(mrtpo.rewards, "PROGRESS_EVERY_S", 0.2)
+    trainer = slow_trainer(0.5)
+    with checked_reward_funcs(trainer):
+        fast, slow, slow_async = trainer.reward_funcs
+        assert fast(completions=["a", "b"]) == [1.0, 1.0]
+        t0 = time.monotonic()
+        with pytest.raises(RewardTimeoutError, match=r"reward function 'slow' did not return within reward_timeout "
+                                                     r"\(0.5 s\)"):
+            slow(completions=["a"])
+        assert time.monotonic() - t0 < 2
+        assert "scoring: reward function 'slow' still running after 0." in capsys.readouterr().err
+        with pytest.raises(RewardTimeoutError, match="reward function 'slow_async' did not return within"):
+            asyncio.run(slow_async(completions=["a"]))
+
+
+def test_no_deadline_when_reward_timeout_is_none():
+    from mrtpo.rewards import checked_reward_funcs
+
+    trainer = slow_trainer(None)
+    trainer.reward_funcs = trainer.reward_funcs[:1]
+    with checked_reward_funcs(trainer):
+        assert trainer.reward_funcs[0](completions=["a"]) == [1.0]
+
+
+def test_reward_timeout_is_a_setting_with_a_default_and_a_range():
+    from mrtpo.trainer.config import MRTPOConfig
+
+    assert MRTPOConfig(output_dir="unused", use_cpu=True).reward_timeout == 300.0
+    with pytest.raises(ValueError, match="reward_timeout must be > 0, got 0"):
+        MRTPOConfig(output_dir="unused", use_cpu=True, reward_timeout=0)
+
+
+def test_a_slow_reward_stops_training_with_one_line_naming_it(tmp_path, gym_cache, monkeypatch, capsys):
+    import mrtpo.train
+    from mrtpo.gym.task import ConstraintsTask
+
+    class Slow:
+        name = "sleepy"
+
+        def __call__(self, completion, example):
+            time.sleep(30)
+            return 1.0
+
+        def evidence(self, example):
+            return None
+
+    original = ConstraintsTask.verifiers
+    monkeypatch.setattr(ConstraintsTask, "verifiers", lambda self: [*original(self), Slow()])
+    t0 = time.monotonic()
+    assert mrtpo.train.main([*GYM, "--output-dir", str(tmp_path / "run"), "--max-steps", "2", *GYM_KEYS,
+                             "reward_timeout=1"]) == 2
+    assert time.monotonic() - t0 < 30
+    err = [line for line in capsys.readouterr().err.splitlines() if "mrtpo train: error" in line]
+    assert len(err) == 1 and "reward function 'sleepy' did not return within reward_timeout (1.0 s)" in err[0]

@@ -20,12 +20,13 @@ from typing import Any
 
 #: Settings that must be > 0 (a zero learning rate trains nothing, silently; ``save_steps`` and
 #: ``logging_steps`` below 1 are a share of max_steps).
-POSITIVE = ("learning_rate", "temperature", "epsilon", "repetition_penalty", "save_steps", "logging_steps")
+POSITIVE = ("learning_rate", "temperature", "epsilon", "repetition_penalty", "save_steps", "logging_steps",
+            "reward_timeout")
 #: Settings that must be >= a minimum when set (None: unset).
 AT_LEAST = {"max_steps": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
             "max_completion_length": 1, "num_generations": 2, "num_iterations": 1, "generation_batch_size": 1,
             "steps_per_generation": 1, "per_device_eval_batch_size": 1, "num_generations_eval": 1, "top_k": 0,
-            "beta": 0, "weight_decay": 0, "warmup_steps": 0, "reward_timeout": 0}
+            "beta": 0, "weight_decay": 0, "warmup_steps": 0}
 
 
 class SettingError(ValueError):

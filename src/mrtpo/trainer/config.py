@@ -80,6 +80,9 @@ class MRTPOConfig(GRPOConfig):
     packed_sequences: bool = _setting(False, (
         "in the update's forward, pack each prompt's completions behind it in one row under a block mask "
         "instead of padding each to the longest (mrtpo.packing: same values, fewer tokens where lengths vary)"))
+    reward_timeout: float | None = _setting(300.0, (
+        "seconds one call of a reward function may take (a call scores a whole batch); past it training stops "
+        "naming the function; a note is printed every 30 s while one runs long; None: no deadline"))
     multi_objective_aggregation: str | None = _setting(None, (
         "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused"))
 
