@@ -352,3 +352,24 @@ def test_a_slow_reward_stops_training_with_one_line_naming_it(tmp_path, gym_cach
     assert time.monotonic() - t0 < 30
     err = [line for line in capsys.readouterr().err.splitlines() if "mrtpo train: error" in line]
     assert len(err) == 1 and "reward function 'sleepy' did not return within reward_timeout (1.0 s)" in err[0]
+
+
+# --------------------------------------------------------------------------------------------
+# 6. --resume --max-steps N: the schedule of a run planned for N steps.
+# --------------------------------------------------------------------------------------------
+def learning_rates(run: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["learning_rate"] for r in lines if "learning_rate" in r}
+
+
+def test_resume_with_more_steps_follows_the_schedule_of_the_new_length(tmp_path, gym_cache):
+    import mrtpo.train
+
+    short, planned = tmp_path / "short", tmp_path / "planned"
+    assert mrtpo.train.main([*GYM, "--output-dir", str(short), "--max-steps", "3", *GYM_KEYS]) == 0
+    assert learning_rates(short)[3] == pytest.approx(2e-6 / 3)  # step s of N uses lr x (N - s + 1) / N
+    assert mrtpo.train.main([*GYM, "--resume", str(short), "--max-steps", "6", *GYM_KEYS]) == 0
+    assert mrtpo.train.main([*GYM, "--output-dir", str(planned), "--max-steps", "6", *GYM_KEYS]) == 0
+    resumed, expected = learning_rates(short), learning_rates(planned)
+    assert [resumed[s] for s in (4, 5, 6)] == [expected[s] for s in (4, 5, 6)]  # the first resumed step too
+    assert [round(resumed[s] / 2e-6 * 6, 9) for s in (4, 5, 6)] == [3.0, 2.0, 1.0]  # lr x (6 - s + 1) / 6

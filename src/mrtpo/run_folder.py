@@ -317,6 +317,25 @@ class ConfigStamp(TrainerCallback):
             write_config(self.config, Path(args.output_dir) / f"checkpoint-{state.global_step}" / STAMP_NAME)
 
 
+class ScheduleOnResume(TrainerCallback):
+    """A resumed run follows the learning-rate schedule of its *current* ``max_steps``: step s gets the
+    rate a run planned for max_steps from the start gets at step s. The scheduler is rebuilt for the new
+    length, but the checkpoint's state carries the rate the old schedule set for the next step (0.0 after
+    a finished linear schedule); this sets that rate from the new schedule before the first resumed step.
+    Resuming with the same max_steps changes nothing (the same formula gives the same number)."""
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, optimizer=None, **kwargs):
+        from torch.optim.lr_scheduler import LambdaLR
+
+        if state.global_step == 0 or not isinstance(lr_scheduler, LambdaLR) or optimizer is None:
+            return  # a fresh run; or a scheduler without a closed-form rate per step (transformers' are LambdaLR)
+        rates = [base * rule(lr_scheduler.last_epoch) for base, rule in zip(lr_scheduler.base_lrs,
+                                                                             lr_scheduler.lr_lambdas)]
+        for group, rate in zip(optimizer.param_groups, rates):
+            group["lr"] = rate
+        lr_scheduler._last_lr = rates
+
+
 def saved_config(checkpoint: Path) -> dict[str, Any] | None:
     """The settings ``checkpoint`` was saved under (None: saved without a copy, by an older mrtpo)."""
     stamp = checkpoint / STAMP_NAME
@@ -331,6 +350,6 @@ def config_differences(saved: dict[str, Any], folder: dict[str, Any], given: set
 
 
 __all__ = ["LOCK_NAME", "OUTPUT_MARK", "RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem",
-           "RunLock", "check_fresh_folder", "check_output_folder", "check_writable", "checkpoint_problem",
-           "checkpoint_step", "checkpoints", "clear_run", "config_differences", "file_problem", "find_checkpoint",
-           "lock_run_folder", "mark_output", "run_files", "saved_config"]
+           "RunLock", "ScheduleOnResume", "check_fresh_folder", "check_output_folder", "check_writable",
+           "checkpoint_problem", "checkpoint_step", "checkpoints", "clear_run", "config_differences", "file_problem",
+           "find_checkpoint", "lock_run_folder", "mark_output", "run_files", "saved_config"]

@@ -53,6 +53,7 @@ from mrtpo.config import (  # noqa: E402
 )
 from mrtpo.run_folder import (  # noqa: E402
     ConfigStamp,
+    ScheduleOnResume,
     check_fresh_folder,
     check_writable,
     checkpoint_step,
@@ -431,6 +432,7 @@ def _main(argv: list[str] | None, locks: list) -> int:
         except (ConfigError, OSError) as exc:
             return _error(exc)
     trainer.add_callback(ConfigStamp(config))
+    trainer.add_callback(ScheduleOnResume())  # --resume --max-steps N: the schedule of a run planned for N steps
     trainer.accelerator.wait_for_everyone()
     _say(main_process, f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, "
                        f"rewards {', '.join(trainer.reward_func_names)}")
