@@ -24,7 +24,7 @@ FLOORS = {
     "model_init": 1, "model_names": 1,
     "trainer": 2, "update_rows": 2, "warm_start": 2,
     "config": 3, "run_folder": 3, "train": 3, "evaluate": 3,
-    "run_outputs": 3, "saved_config": 3,
+    "run_outputs": 3, "saved_config": 3, "task_pin": 3,
     "explain": 4, "demo": 4, "export": 4,
     "bench": 5, "cli": 5,
 }

@@ -373,3 +373,50 @@ def test_resume_with_more_steps_follows_the_schedule_of_the_new_length(tmp_path,
     resumed, expected = learning_rates(short), learning_rates(planned)
     assert [resumed[s] for s in (4, 5, 6)] == [expected[s] for s in (4, 5, 6)]  # the first resumed step too
     assert [round(resumed[s] / 2e-6 * 6, 9) for s in (4, 5, 6)] == [3.0, 2.0, 1.0]  # lr x (6 - s + 1) / 6
+
+
+# --------------------------------------------------------------------------------------------
+# 5. A run pins its task.
+# --------------------------------------------------------------------------------------------
+def test_task_fingerprint_hashes_the_task_file_reward_sources_and_data(tmp_path):
+    import hashlib
+
+    from mrtpo.task_pin import task_fingerprint
+
+    task = write_task(tmp_path / "t")
+    pin = task_fingerprint(str(task))
+    assert pin == {f"{kind} {name}": hashlib.sha256((tmp_path / "t" / name).read_bytes()).hexdigest()
+                   for kind, name in (("task file", "task.yaml"), ("reward source", "rewards.py"),
+                                      ("dataset", "data.jsonl"))}
+    assert task_fingerprint("gym-constraints") == {}  # a built-in task is the package's code
+
+
+def test_resume_stops_when_the_task_changed_unless_allowed(tiny_dir, tmp_path, one_thread, capsys):
+    import mrtpo.train
+
+    task = write_task(tmp_path / "t")
+    out = tmp_path / "run"
+    base = ["--task", str(task), "--model", str(tiny_dir), "report=false", "max_completion_length=6", "save_steps=1"]
+    assert mrtpo.train.main([*base, "--output-dir", str(out), "--max-steps", "1"]) == 0
+    assert json.loads((out / "task_pin.json").read_text())["files"]["reward source rewards.py"]
+    (tmp_path / "t" / "rewards.py").write_text("def r(completions, **kwargs):\n    return [5.0 for _ in completions]\n")
+    with (tmp_path / "t" / "data.jsonl").open("a") as f:
+        f.write('{"prompt": "say bye", "tags": ["b"]}\n')
+    before = snapshot(out)
+    capsys.readouterr()
+    assert mrtpo.train.main([*base, "--resume", str(out), "--max-steps", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the task changed since this run started: reward source rewards.py, " \
+                                   "dataset data.jsonl" in err and "--allow-task-change" in err
+    assert snapshot(out) == before
+    assert mrtpo.train.main([*base, "--resume", str(out), "--max-steps", "2", "--allow-task-change"]) == 0
+    pin = json.loads((out / "task_pin.json").read_text())
+    assert pin["changes"] == [{"at_step": 1, "changed": ["reward source rewards.py", "dataset data.jsonl"]}]
+    assert pin["files"]["reward source rewards.py"] == task_fingerprint_of(tmp_path / "t" / "rewards.py")
+    assert mrtpo.train.main([*base, "--resume", str(out), "--max-steps", "3"]) == 0  # pinned to the new files now
+
+
+def task_fingerprint_of(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -33,7 +33,7 @@ from mrtpo.config import ConfigError, RunConfig, read_yaml, write_config
 
 #: Files a run writes into its folder (besides ``checkpoint-N/``).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "credit_samples.jsonl", "report.html", "report.md", "curves.png",
-             "README.md", "model", "export")
+             "README.md", "model", "export", "task_pin.json")
 #: The copy of the run's settings inside each checkpoint.
 STAMP_NAME = "mrtpo_config.yaml"
 #: Settings a resume may change without making the checkpoint another run's.

@@ -64,6 +64,7 @@ from mrtpo.run_folder import (  # noqa: E402
     run_files,
     saved_config,
 )
+from mrtpo.task_pin import check_task_pin, read_pin, write_pin  # noqa: E402
 from mrtpo.trainer.metrics import trim_jsonl  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -286,6 +287,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="start over in an --output-dir that holds a run: remove that run's files (config.yaml, logs, "
                         "reports, checkpoint-N/) once the new run's settings and model have loaded")
+    p.add_argument("--allow-task-change", action="store_true",
+                   help="--resume although the task file, its reward sources or data changed since the run started "
+                        "(recorded in the run's task_pin.json)")
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config key")
     return p
@@ -410,6 +414,7 @@ def _main(argv: list[str] | None, locks: list) -> int:
             locks.append(lock_run_folder(out))  # before the folder is judged, and held while writing it
             if checkpoint is None:
                 check_fresh_folder(out, ns.overwrite)
+        changed = check_task_pin(out, run.task, ns.allow_task_change) if checkpoint is not None else []
     except (ConfigError, ModelLoadError, HubError) as exc:
         return _error(exc)
     t0 = time.perf_counter()
@@ -428,7 +433,7 @@ def _main(argv: list[str] | None, locks: list) -> int:
     main_process = trainer.accelerator.is_main_process
     if main_process:
         try:
-            _open_run_folder(out, config, checkpoint, ns.overwrite)
+            _open_run_folder(out, config, checkpoint, ns.overwrite, changed)
         except (ConfigError, OSError) as exc:
             return _error(exc)
     trainer.add_callback(ConfigStamp(config))
@@ -461,16 +466,21 @@ def _main(argv: list[str] | None, locks: list) -> int:
     return 0
 
 
-def _open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool) -> None:
-    """Once everything has loaded: clear the earlier run (``--overwrite``), write ``config.yaml``, and on
+def _open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool,
+                     changed: list[str]) -> None:
+    """Once everything has loaded: clear the earlier run (``--overwrite``), write ``config.yaml`` and the task's
+    pin (:mod:`mrtpo.task_pin`; on resume only when ``changed`` was allowed or the run had none), and on
     resume drop what the interrupted run logged after its checkpoint, torn last lines included."""
     if checkpoint is None:
         if overwrite and run_files(out):
             print(f"--overwrite: removing the earlier run in {out}", flush=True)
             clear_run(out)
         write_config(config, out / CONFIG_NAME)
+        write_pin(out, config.run.task)
         return
     step = checkpoint_step(checkpoint)
+    if changed or read_pin(out) is None:
+        write_pin(out, config.run.task, changed, step)
     print(f"resuming from {checkpoint} (step {step})", flush=True)
     # A sample is tagged with the global step *before* its update: step s belongs to checkpoint s + 1.
     logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step,
