@@ -420,3 +420,52 @@ def task_fingerprint_of(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# 7. The smaller defects.
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gym_run(tmp_path_factory):
+    """A finished 2-step gym run (its own model cache, torch on one thread)."""
+    import shutil
+
+    import torch
+
+    import mrtpo.train
+
+    out = tmp_path_factory.mktemp("gym") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MRTPO_CACHE", str(tmp_path_factory.mktemp("cache")))
+        assert mrtpo.train.main([*GYM, "--output-dir", str(out), "--max-steps", "2", *GYM_KEYS]) == 0
+        yield lambda where: Path(shutil.copytree(out, where))
+    torch.set_num_threads(threads)
+
+
+def test_report_accepts_a_torn_last_metrics_line(gym_run, tmp_path, capsys):
+    run = gym_run(tmp_path / "run")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "loss": 0.1')  # killed mid-write
+    assert cli_main(["report", str(run)]) == 0
+    assert "note: left out the torn last line of" in capsys.readouterr().out
+    assert (run / "report.md").is_file()
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('\n{"step": 4}\n')  # a bad line in the middle is still an error, naming it
+    assert cli_main(["report", str(run)]) == 2
+    assert "metrics.jsonl line 4 is not JSON" in capsys.readouterr().err
+
+
+def test_resume_writes_the_model_a_killed_run_never_wrote(gym_run, tmp_path, capsys):
+    import shutil
+
+    import mrtpo.train
+
+    run = gym_run(tmp_path / "run")
+    weights = (run / "checkpoint-2" / "model.safetensors").read_bytes()
+    shutil.rmtree(run / "model")  # killed after its last checkpoint, before the final save
+    assert mrtpo.train.main([*GYM, "--resume", str(run), *GYM_KEYS]) == 0
+    assert "has no model/: writing it from checkpoint-2" in capsys.readouterr().out
+    assert (run / "model" / "model.safetensors").read_bytes() == weights
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()][-1] == 2

@@ -64,6 +64,7 @@ from mrtpo.run_folder import (  # noqa: E402
     run_files,
     saved_config,
 )
+from mrtpo.run_outputs import FINAL_DIR  # noqa: E402
 from mrtpo.task_pin import check_task_pin, read_pin, write_pin  # noqa: E402
 from mrtpo.trainer.metrics import trim_jsonl  # noqa: E402
 
@@ -404,7 +405,11 @@ def _main(argv: list[str] | None, locks: list) -> int:
         run_model_init(config)  # model_init_kwargs checked before anything loads
         prepare_hub(args.push_to_hub)  # offline only where the user or the machine says so; push_to_hub checked
         out = Path(args.output_dir)
-        if checkpoint is not None and (step := checkpoint_step(checkpoint)) >= args.max_steps:
+        finished = checkpoint is not None and (step := checkpoint_step(checkpoint)) >= args.max_steps
+        save_only = finished and not (out / FINAL_DIR).is_dir()  # killed after its last checkpoint, before model/
+        if save_only:
+            config.notes.append(f"note: {out} has no {FINAL_DIR}/: writing it from {checkpoint.name} (no training)")
+        elif finished:
             _say(main_process, f"mrtpo train: {out} is already finished: {checkpoint.name} is at step {step} of "
                                f"max_steps {args.max_steps}; give --max-steps N (N > {step}) to train it longer")
             return 0
@@ -445,7 +450,10 @@ def _main(argv: list[str] | None, locks: list) -> int:
     from mrtpo.run_outputs import save_final_model
 
     try:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        if save_only:
+            trainer._load_from_checkpoint(str(checkpoint))
+        else:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         final = save_final_model(trainer, out)
     except RewardValueError as exc:
         return _error(exc)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import os
 import re
@@ -24,6 +23,7 @@ from typing import Any
 
 from mrtpo.report.curves import (
     TIME_PHASES,
+    json_lines,
     load_metrics,
     plot_run,
     reward_names,
@@ -40,7 +40,7 @@ def load_credit_samples(path: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json_lines(path)
 
 
 def pick_samples(samples: Sequence[Mapping[str, Any]], per_step: int) -> list[tuple[int, list[Mapping[str, Any]]]]:
