@@ -469,3 +469,43 @@ def test_resume_writes_the_model_a_killed_run_never_wrote(gym_run, tmp_path, cap
     assert "has no model/: writing it from checkpoint-2" in capsys.readouterr().out
     assert (run / "model" / "model.safetensors").read_bytes() == weights
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()][-1] == 2
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("data.jsonl", "", "dataset file {path} is empty"),
+    ("data.jsonl", '{"prompt": "a"}\n{"prompt": "b"\n{"prompt": "c"}\n', "dataset file {path} line 2 is not JSON"),
+    ("data.jsonl", "prompt,x\na,1\n", "dataset file {path} line 1 is not JSON"),
+    ("data.jsonl", '{"prompt": "a"}\n[1, 2]\n', "dataset file {path} line 2 is not a JSON object"),
+    ("data.json", '{"prompt": "a"', "dataset file {path} is neither one JSON document nor JSON lines (line 1"),
+    ("data.csv", "", "dataset file {path} is empty"),
+    ("data.txt", "say hi\n", "dataset file {path}: unknown format '.txt'"),  # was: reported as missing
+])
+def test_a_dataset_file_datasets_rejects_is_one_line_naming_file_and_line(tmp_path, name, text, message):
+    from mrtpo.tasks.from_config import TaskFileError, load_task_file
+
+    task = write_task(tmp_path)
+    (tmp_path / name).write_text(text)
+    task.write_text(f"dataset: {name}\nrewards: [rewards.py:r]\n")
+    with pytest.raises(TaskFileError) as err:
+        load_task_file(task)
+    assert message.format(path=tmp_path / name) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_reward_module_calling_sys_exit_at_import_is_named(tmp_path):
+    from mrtpo.tasks.from_config import TaskFileError, load_task_file
+
+    task = write_task(tmp_path)
+    (tmp_path / "rewards.py").write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(TaskFileError, match=r"reward 'rewards.py:r': rewards.py does not import \(SystemExit: 3\)"):
+        load_task_file(task)
+
+
+def test_each_reward_call_gets_its_own_copy_of_list_cells(tmp_path):
+    from mrtpo.tasks.from_config import load_task_file
+
+    task = write_task(tmp_path, reward="kwargs['tags'][0].append('seen'); return [float(len(kwargs['tags'][0]))]")
+    loaded = load_task_file(task)
+    example = loaded.load("train")[0]
+    verifier = loaded.verifiers()[0]
+    assert [verifier("x", example) for _ in range(3)] == [2.0, 2.0, 2.0]  # ["a"] + "seen", each time afresh
+    assert example.gold["tags"] == ["a"]

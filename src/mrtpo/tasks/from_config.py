@@ -21,6 +21,7 @@ the fix.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import importlib
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mrtpo.tasks.data_files import DataFileError, check_data_file
 from mrtpo.verifiers import Evidence, Example
 
 #: Data-file suffix -> the ``datasets`` builder that reads it.
@@ -154,7 +156,7 @@ def load_reward(ref: Any, folder: Path) -> Any:
             module = importlib.import_module(where)
     except TaskFileError:
         raise
-    except Exception as exc:  # noqa: BLE001 -- the user's module may raise anything while importing
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's module may raise (or exit) while importing
         raise TaskFileError(f"reward {ref!r}: {where} does not import ({type(exc).__name__}: {exc})") from None
     if not hasattr(module, attr):
         defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
@@ -213,15 +215,24 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
     import datasets
 
     ref, folder = spec.dataset, spec.folder
-    if isinstance(ref, dict) or isinstance(ref, list) or (isinstance(ref, str)
-                                                           and Path(ref).suffix.lower() in _BUILDERS):
+    if isinstance(ref, (dict, list)) or (isinstance(ref, str) and (Path(ref).suffix.lower() in _BUILDERS
+                                                                  or (folder / ref).is_file())):
         by_split = ref if isinstance(ref, dict) else {"train": ref}
         files = {str(s): [str(p) for p in _data_files(f, folder)] for s, f in by_split.items()}
         builders = {_BUILDERS[Path(f).suffix.lower()] for fs in files.values() for f in fs}
         if len(builders) > 1:
             raise TaskFileError(f"dataset files mix formats ({', '.join(sorted(builders))}); use one format")
-        loaded = datasets.load_dataset(builders.pop(), data_files=files)
-        return dict(loaded)
+        try:  # a file datasets would reject: one line naming the file and the line (mrtpo.tasks.data_files)
+            for f in {f for fs in files.values() for f in fs}:
+                check_data_file(Path(f))
+            return dict(datasets.load_dataset(builders.pop(), data_files=files))
+        except DataFileError as exc:
+            raise TaskFileError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 -- what the check cannot foresee (a corrupt parquet file, ...)
+            cause = exc.__cause__ or exc
+            raise TaskFileError(f"datasets could not read the dataset files {', '.join(sorted(builders or files))}: "
+                                f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}"
+                                ) from None
     if not isinstance(ref, str):
         raise TaskFileError(f"dataset must be a path, a list of files, a split -> file mapping or a hub id, "
                             f"got {ref!r}")
@@ -256,7 +267,7 @@ class FunctionVerifier:
     def __call__(self, completion: str, example: Example) -> float | None:
         from mrtpo.rewards import check_reward_values
 
-        row = dict(example.gold)
+        row = copy.deepcopy(example.gold)  # a reward that changes a list cell changes its own copy only
         prompt = row.pop(self.prompt_column)
         shown = [{"role": "assistant", "content": completion}] if self.chat else completion
         values = check_reward_values(self.name, self.fn(prompts=[prompt], completions=[shown],
