@@ -509,3 +509,41 @@ def test_each_reward_call_gets_its_own_copy_of_list_cells(tmp_path):
     verifier = loaded.verifiers()[0]
     assert [verifier("x", example) for _ in range(3)] == [2.0, 2.0, 2.0]  # ["a"] + "seen", each time afresh
     assert example.gold["tags"] == ["a"]
+
+
+class HugeReward:
+    """A gym reward that returns ``value`` for every completion."""
+
+    name = "huge"
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, completion, example):
+        return self.value
+
+    def evidence(self, example):
+        return None
+
+
+@pytest.mark.parametrize("value", [1e300, -1e300])
+def test_a_reward_beyond_float32_range_is_one_line(tmp_path, gym_cache, monkeypatch, capsys, value):
+    import mrtpo.train
+    from mrtpo.gym.task import ConstraintsTask
+
+    original = ConstraintsTask.verifiers
+    monkeypatch.setattr(ConstraintsTask, "verifiers", lambda self: [*original(self), HugeReward(value)])
+    assert mrtpo.train.main([*GYM, "--output-dir", str(tmp_path / "run"), "--max-steps", "2", *GYM_KEYS]) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    lines = [line[line.index("mrtpo train: "):] for line in err.splitlines() if "mrtpo train: " in line]
+    assert len(lines) == 1 and f"reward function 'huge' returned {value!r}" in lines[0]
+    assert "beyond ±1e+15" in lines[0]
+
+
+def test_reward_values_are_bounded():
+    from mrtpo.rewards import RewardValueError, check_reward_values
+
+    assert check_reward_values("r", [1e15, -1e15, 0.0]) == [1e15, -1e15, 0.0]
+    with pytest.raises(RewardValueError, match=r"'r' returned 1e\+16 \(beyond ±1e\+15"):
+        check_reward_values("r", [0.0, 1e16])

@@ -111,6 +111,11 @@ def declares_evidence(reward_func: Any) -> bool:
     return isinstance(reward_func, VerifierReward) or getattr(reward_func, EVIDENCE_ATTR, None) is not None
 
 
+#: The largest reward magnitude accepted: TRL scores in float32, where the group's std squares each
+#: reward (a reward of 1e20 already overflows it to inf, and 1e300 is inf on arrival).
+MAX_REWARD = 1e15
+
+
 class RewardValueError(ValueError):
     """A reward function returned something that is not a reward (a string, ±inf, a non-list)."""
 
@@ -118,7 +123,8 @@ class RewardValueError(ValueError):
 def check_reward_values(name: str, values: Any, example_ids: Sequence[Any] | None = None) -> Any:
     """``values`` unchanged if each is a real number (finite, or NaN: not applicable) or None; else a
     :class:`RewardValueError` naming reward function ``name``, the row (and its ``example_ids`` entry)
-    and the value. ±inf is refused: it would turn every advantage of its group into NaN."""
+    and the value. ±inf and magnitudes beyond :data:`MAX_REWARD` are refused: they would turn every
+    advantage of its group into NaN."""
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
         raise RewardValueError(f"reward function {name!r} returned a {type(values).__name__} ({values!r:.60}), "
                                "not a list with one reward per completion")
@@ -126,10 +132,11 @@ def check_reward_values(name: str, values: Any, example_ids: Sequence[Any] | Non
         if value is None:
             continue
         number = _as_number(value)
-        if number is not None and (math.isfinite(number) or math.isnan(number)):
+        if number is not None and (abs(number) <= MAX_REWARD or math.isnan(number)):
             continue
         at = f"row {row}" + (f" (example_id {example_ids[row]!r})" if example_ids and row < len(example_ids) else "")
-        kind = "infinite" if number is not None else f"a {type(value).__name__}"
+        kind = f"a {type(value).__name__}" if number is None else "infinite" if math.isinf(number) else \
+            f"beyond ±{MAX_REWARD:g}, where the group's float32 std overflows"
         raise RewardValueError(f"reward function {name!r} returned {value!r:.60} ({kind}) for {at}; a reward must "
                                "be a finite number, or None (not applicable)")
     return values
@@ -234,6 +241,7 @@ def checked_reward_funcs(trainer: Any) -> Iterator[None]:
 
 
 __all__ = [
+    "MAX_REWARD",
     "EvidenceSpec",
     "RewardTimeoutError",
     "RewardValueError",
