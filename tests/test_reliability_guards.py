@@ -6,6 +6,7 @@ Every run folder here is made by hand (a ``config.yaml`` and a ``model/`` of a f
 full fine-tuning run copies ``model/`` and loads nothing.
 """
 
+import errno
 import json
 import os
 import subprocess
@@ -547,3 +548,49 @@ def test_reward_values_are_bounded():
     assert check_reward_values("r", [1e15, -1e15, 0.0]) == [1e15, -1e15, 0.0]
     with pytest.raises(RewardValueError, match=r"'r' returned 1e\+16 \(beyond ±1e\+15"):
         check_reward_values("r", [0.0, 1e16])
+
+
+def test_an_empty_train_dataset_is_refused_by_the_api(tmp_path):
+    from datasets import Dataset
+
+    from mrtpo.trainer import MRTPOConfig, MRTPOTrainer
+
+    args = MRTPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=2, per_device_train_batch_size=4,
+                       num_generations=4, report_to="none")
+    with pytest.raises(ValueError, match="train_dataset is empty"):  # was: 0 steps, no error
+        MRTPOTrainer(model="unused-no-such-model", reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
+                     args=args, train_dataset=Dataset.from_dict({"prompt": []}))
+
+
+def test_key_value_settings_may_sit_between_flags(tmp_path, capsys, monkeypatch):
+    import mrtpo.train
+
+    monkeypatch.setattr(mrtpo.train, "build_trainer", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert mrtpo.train.main(["--task", "gym-constraints", "seed=3", "--model", "gym", "learning_rate=0",
+                             "--output-dir", str(tmp_path / "run"), "temperature=0.5"]) == 2
+    assert "learning_rate must be > 0, got 0" in capsys.readouterr().err  # read as a setting, not refused by argparse
+
+
+def test_resume_followed_by_a_setting_resumes_the_output_dir(gym_run, tmp_path, capsys):
+    import mrtpo.train
+
+    run = gym_run(tmp_path / "run")
+    assert mrtpo.train.main([*GYM, "--output-dir", str(run), "--resume", "max_steps=3", *GYM_KEYS]) == 0
+    assert f"resuming from {run / 'checkpoint-2'} (step 2)" in capsys.readouterr().out
+    assert json.loads((run / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+
+
+def test_a_full_disk_while_writing_the_report_is_one_line(gym_run, tmp_path, capsys, monkeypatch):
+    import mrtpo.report.build
+    import mrtpo.train
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "curves.png"))
+
+    monkeypatch.setattr(mrtpo.report.build, "make_report", full)
+    run = gym_run(tmp_path / "run")
+    assert mrtpo.train.main([*GYM, "--resume", str(run), "--max-steps", "3", *GYM_KEYS[:-2], "report=true"]) == 2
+    out, err = capsys.readouterr()
+    lines = [line[line.index("mrtpo train: "):] for line in err.splitlines() if "mrtpo train: " in line]
+    assert "Traceback" not in out + err and len(lines) == 1
+    assert f"cannot write {run / 'curves.png'}: No space left on device" in lines[0]

@@ -29,7 +29,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from mrtpo.config import ConfigError, RunConfig, read_yaml, write_config
+from mrtpo.config import CONFIG_NAME, ConfigError, RunConfig, read_yaml, write_config
+from mrtpo.task_pin import read_pin, write_pin
+from mrtpo.trainer.metrics import trim_jsonl
 
 #: Files a run writes into its folder (besides ``checkpoint-N/``).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "credit_samples.jsonl", "report.html", "report.md", "curves.png",
@@ -349,7 +351,37 @@ def config_differences(saved: dict[str, Any], folder: dict[str, Any], given: set
     return [f"{k}: {saved.get(k)!r} vs {folder.get(k)!r}" for k in keys if saved.get(k) != folder.get(k)]
 
 
+def open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool,
+                     changed: list[str]) -> None:
+    """Once everything has loaded: clear the earlier run (``--overwrite``), write ``config.yaml`` and the task's
+    pin (:mod:`mrtpo.task_pin`; on resume only when ``changed`` was allowed or the run had none), and on
+    resume drop what the interrupted run logged after its checkpoint, torn last lines included."""
+    if checkpoint is None:
+        if overwrite and run_files(out):
+            print(f"--overwrite: removing the earlier run in {out}", flush=True)
+            clear_run(out)
+        write_config(config, out / CONFIG_NAME)
+        write_pin(out, config.run.task)
+        return
+    step = checkpoint_step(checkpoint)
+    if changed or read_pin(out) is None:
+        write_pin(out, config.run.task, changed, step)
+    print(f"resuming from {checkpoint} (step {step})", flush=True)
+    # A sample is tagged with the global step *before* its update: step s belongs to checkpoint s + 1.
+    logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step,
+            "credit_samples.jsonl": lambda r: r.get("step", 0) < step}
+    for name, keep in logs.items():
+        try:
+            torn = trim_jsonl(out / name, keep)
+        except ValueError as exc:
+            raise ConfigError(f"{exc}; fix or remove that line to resume") from None
+        if torn:
+            print(f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)",
+                  flush=True)
+    write_config(config, out / CONFIG_NAME)
+
+
 __all__ = ["LOCK_NAME", "OUTPUT_MARK", "RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem",
            "RunLock", "ScheduleOnResume", "check_fresh_folder", "check_output_folder", "check_writable",
            "checkpoint_problem", "checkpoint_step", "checkpoints", "clear_run", "config_differences", "file_problem",
-           "find_checkpoint", "lock_run_folder", "mark_output", "run_files", "saved_config"]
+           "find_checkpoint", "lock_run_folder", "mark_output", "open_run_folder", "run_files", "saved_config"]

@@ -49,7 +49,6 @@ from mrtpo.config import (  # noqa: E402
     parse_overrides,
     read_yaml,
     valid_keys,
-    write_config,
 )
 from mrtpo.run_folder import (  # noqa: E402
     ConfigStamp,
@@ -57,16 +56,14 @@ from mrtpo.run_folder import (  # noqa: E402
     check_fresh_folder,
     check_writable,
     checkpoint_step,
-    clear_run,
     config_differences,
     find_checkpoint,
     lock_run_folder,
-    run_files,
+    open_run_folder,
     saved_config,
 )
 from mrtpo.run_outputs import FINAL_DIR  # noqa: E402
-from mrtpo.task_pin import check_task_pin, read_pin, write_pin  # noqa: E402
-from mrtpo.trainer.metrics import trim_jsonl  # noqa: E402
+from mrtpo.task_pin import check_task_pin  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -390,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None, locks: list) -> int:
-    ns = _parser().parse_args(argv)
+    ns = _parser().parse_intermixed_args(argv)  # key=value may sit between flags
+    if ns.resume and "=" in ns.resume and not Path(ns.resume).exists():  # `--resume max_steps=6`: a setting
+        ns.overrides, ns.resume = [ns.resume, *ns.overrides], ""
     if ns.list_keys:
         _print_keys()
         return 0
@@ -438,7 +437,7 @@ def _main(argv: list[str] | None, locks: list) -> int:
     main_process = trainer.accelerator.is_main_process
     if main_process:
         try:
-            _open_run_folder(out, config, checkpoint, ns.overwrite, changed)
+            open_run_folder(out, config, checkpoint, ns.overwrite, changed)
         except (ConfigError, OSError) as exc:
             return _error(exc)
     trainer.add_callback(ConfigStamp(config))
@@ -468,40 +467,14 @@ def _main(argv: list[str] | None, locks: list) -> int:
     if run.report:
         from mrtpo.report.build import make_report
 
-        paths = make_report(out, samples=run.report_samples)
+        try:
+            paths = make_report(out, samples=run.report_samples)
+        except OSError as exc:  # a full disk: the model is saved; `mrtpo report` writes the report later
+            return _error(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the model is saved in {final}: "
+                          f"free the space and run `mrtpo report {out}`")
         print("report: " + ", ".join(str(p) for p in paths.values()))
     print(f"total {time.perf_counter() - t0:.0f} s · run folder {out}")
     return 0
-
-
-def _open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool,
-                     changed: list[str]) -> None:
-    """Once everything has loaded: clear the earlier run (``--overwrite``), write ``config.yaml`` and the task's
-    pin (:mod:`mrtpo.task_pin`; on resume only when ``changed`` was allowed or the run had none), and on
-    resume drop what the interrupted run logged after its checkpoint, torn last lines included."""
-    if checkpoint is None:
-        if overwrite and run_files(out):
-            print(f"--overwrite: removing the earlier run in {out}", flush=True)
-            clear_run(out)
-        write_config(config, out / CONFIG_NAME)
-        write_pin(out, config.run.task)
-        return
-    step = checkpoint_step(checkpoint)
-    if changed or read_pin(out) is None:
-        write_pin(out, config.run.task, changed, step)
-    print(f"resuming from {checkpoint} (step {step})", flush=True)
-    # A sample is tagged with the global step *before* its update: step s belongs to checkpoint s + 1.
-    logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step,
-            "credit_samples.jsonl": lambda r: r.get("step", 0) < step}
-    for name, keep in logs.items():
-        try:
-            torn = trim_jsonl(out / name, keep)
-        except ValueError as exc:
-            raise ConfigError(f"{exc}; fix or remove that line to resume") from None
-        if torn:
-            print(f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)",
-                  flush=True)
-    write_config(config, out / CONFIG_NAME)
 
 
 if __name__ == "__main__":

@@ -71,4 +71,15 @@ def check_trainer_numbers(get: Callable[[str], Any], keys: Iterable[str], *, epo
         raise SettingError(f"top_p must be in (0, 1] and min_p in [0, 1], got {top_p} and {min_p}")
 
 
-__all__ = ["AT_LEAST", "POSITIVE", "SettingError", "check_finite", "check_trainer_numbers"]
+def check_train_dataset(dataset: Any) -> None:
+    """An empty ``train_dataset`` trains 0 steps and ends without a word: refused. (None: TRL's own error;
+    an iterable dataset without a length: not checked.)"""
+    try:
+        empty = dataset is not None and len(dataset) == 0
+    except TypeError:
+        return
+    if empty:
+        raise SettingError("train_dataset is empty: give the trainer at least one prompt row")
+
+
+__all__ = ["AT_LEAST", "POSITIVE", "SettingError", "check_finite", "check_train_dataset", "check_trainer_numbers"]
