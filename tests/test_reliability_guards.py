@@ -594,3 +594,17 @@ def test_a_full_disk_while_writing_the_report_is_one_line(gym_run, tmp_path, cap
     lines = [line[line.index("mrtpo train: "):] for line in err.splitlines() if "mrtpo train: " in line]
     assert "Traceback" not in out + err and len(lines) == 1
     assert f"cannot write {run / 'curves.png'}: No space left on device" in lines[0]
+
+
+def test_evidence_text_missing_from_its_prompt_is_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    import mrtpo.train
+
+    task = write_task(tmp_path, rows='{"prompt": "say hi", "hint": "hi"}\n{"prompt": "say bye", "hint": "hello"}\n')
+    (tmp_path / "rewards.py").write_text("from mrtpo.rewards import evidence\n\n@evidence('hint')\n"
+                                         "def r(completions, **kwargs):\n    return [1.0 for _ in completions]\n")
+    monkeypatch.setattr(mrtpo.train, "build_trainer", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert mrtpo.train.main(["--task", str(task), "--output-dir", str(tmp_path / "run"), "train_size=2",
+                             "per_device_train_batch_size=4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "in_prompt evidence of reward 'r' for example 'train-1' does not occur in its prompt: 'hello'" in err

@@ -64,6 +64,8 @@ from mrtpo.run_folder import (  # noqa: E402
 )
 from mrtpo.run_outputs import FINAL_DIR  # noqa: E402
 from mrtpo.task_pin import check_task_pin  # noqa: E402
+from mrtpo.tasks import is_task_file  # noqa: E402
+from mrtpo.validation import SettingError, check_evidence_in_prompts  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +162,10 @@ def load_task_data(config: RunConfig) -> TaskData:
         raise ConfigError(f"task {run.task!r} gives {len(train)} train examples, fewer than the {prompts_per_step} "
                           "prompts one generation batch needs (generation_batch_size / num_generations)")
     evals = task.load("eval", run.eval_size) if run.eval_size else []
+    try:  # a task file's own evidence (a built-in task's may sit in the rendered tools: the trainer checks those)
+        check_evidence_in_prompts([*train, *evals], task.verifiers()) if is_task_file(run.task) else None
+    except SettingError as exc:
+        raise ConfigError(str(exc)) from None
     examples = {}
     for ex in [*train, *evals]:
         if ex.id in examples:
@@ -428,11 +434,12 @@ def _main(argv: list[str] | None, locks: list) -> int:
                        f"{args.num_generations} completions · output {out}")
     for note in config.notes:
         _say(main_process, note)
+    from mrtpo.counterfactual import EvidenceNotFoundError
     from mrtpo.models import ModelLoadError
 
     try:
         trainer = build_trainer(config, data)
-    except (ConfigError, ModelLoadError) as exc:
+    except (ConfigError, ModelLoadError, EvidenceNotFoundError) as exc:
         return _error(exc)
     main_process = trainer.accelerator.is_main_process
     if main_process:
