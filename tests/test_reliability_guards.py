@@ -87,6 +87,20 @@ def test_export_replaces_only_its_own_earlier_export(tmp_path, capsys):
                                                                                 "--overwrite")
 
 
+def test_a_full_disk_while_exporting_is_one_line_and_leaves_no_partial_output(tmp_path, capsys, monkeypatch):
+    import mrtpo.export
+
+    def full(src, dst, **kwargs):
+        Path(dst).mkdir()
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr(mrtpo.export.shutil, "copytree", full)
+    run = make_run(tmp_path / "run")
+    line = export_error(capsys, run, "--output-dir", tmp_path / "merged")
+    assert "cannot write" in line and "No space left on device" in line
+    assert not (tmp_path / "merged").exists() and not (tmp_path / ".merged.partial").exists()
+
+
 # --------------------------------------------------------------------------------------------
 # 2. Numeric settings: finite and in range, one check for the command line, task files and the API.
 # --------------------------------------------------------------------------------------------

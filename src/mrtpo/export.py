@@ -55,13 +55,17 @@ def export_model(run: str | Path, output_dir: str | Path | None = None, overwrit
     check_output_folder(dest, overwrite, slot=run / EXPORT_DIR)
     partial = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    if is_adapter(source):
-        _merge(run, source, partial)
-    else:
-        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(
-            "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml",
-            OUTPUT_MARK))
-    mark_output(partial)
+    try:
+        if is_adapter(source):
+            _merge(run, source, partial)
+        else:
+            shutil.copytree(source, partial, ignore=shutil.ignore_patterns(
+                "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml",
+                OUTPUT_MARK))
+        mark_output(partial)
+    except BaseException:  # a full disk, Ctrl-C: no half-written folder left next to the output
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
