@@ -26,6 +26,7 @@ def make_run(folder: Path) -> Path:
     (folder / "model").mkdir(parents=True)
     (folder / "model" / "config.json").write_text('{"model_type": "qwen2"}')
     (folder / "model" / "model.safetensors").write_bytes(b"weights")
+    (folder / "model" / "README.md").write_text("model card")  # a run file name an export holds too
     (folder / "config.yaml").write_text("task: sql\n")
     (folder / "metrics.jsonl").write_text('{"step": 1}\n')
     (folder / "checkpoint-1").mkdir()

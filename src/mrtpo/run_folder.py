@@ -78,10 +78,16 @@ def check_fresh_folder(folder: Path, overwrite: bool) -> None:
 OUTPUT_MARK = ".mrtpo-output"
 
 
+def _is_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a run: its settings, logs or checkpoints (a model card alone, which an
+    export holds too, does not make one)."""
+    return any((folder / name).exists() for name in RUN_FILES[:3]) or bool(checkpoints(folder))
+
+
 def _run_above(path: Path) -> Path | None:
     """The run folder or checkpoint that ``path`` is, or is inside (None: neither)."""
     for folder in (path, *path.parents):
-        if _CHECKPOINT.match(folder.name) or run_files(folder):
+        if _CHECKPOINT.match(folder.name) or _is_run(folder):
             return folder
     return None
 
@@ -96,14 +102,14 @@ def check_output_folder(dest: Path, overwrite: bool, slot: Path | None = None) -
     if dest.exists() and not dest.is_dir():
         raise ConfigError(f"{dest} is a file: give a folder (new or empty) as the output")
     if dest != slot and (above := _run_above(dest)) is not None:
-        where = "is a run folder" if above == dest and run_files(dest) else f"is inside the run folder {above}"
+        where = "is a run folder" if above == dest else f"is inside the run folder {above}"
         if _CHECKPOINT.match(above.name):
             where = "is a checkpoint" if above == dest else f"is inside the checkpoint {above}"
         raise ConfigError(f"{dest} {where}; replacing it would delete the run's files: give a new or empty folder")
     entries = sorted(dest.iterdir()) if dest.is_dir() else []
     if not entries:
         return
-    runs = [p for p in entries if p.is_dir() and (run_files(p) or _CHECKPOINT.match(p.name))]
+    runs = [p for p in entries if p.is_dir() and (_is_run(p) or _CHECKPOINT.match(p.name))]
     if runs:
         raise ConfigError(f"{dest} holds a run ({', '.join(p.name for p in runs[:3])}); replacing it would delete "
                           "that run: give a new or empty folder")
