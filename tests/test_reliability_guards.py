@@ -329,6 +329,22 @@ def test_a_reward_past_its_deadline_is_named_and_progress_is_shown(monkeypatch, 
             asyncio.run(slow_async(completions=["a"]))
 
 
+def test_a_reward_under_a_deadline_runs_in_the_callers_grad_mode():
+    import torch
+
+    from mrtpo.rewards import checked_reward_funcs
+
+    def grad_mode(completions, **kwargs):
+        return [float(torch.is_grad_enabled())] * len(completions)
+
+    trainer = slow_trainer(5.0)
+    trainer.reward_funcs, trainer.reward_func_names = [grad_mode], ["grad_mode"]
+    with checked_reward_funcs(trainer):
+        with torch.no_grad():  # TRL scores under no_grad: a reward's torch work builds no graph
+            assert trainer.reward_funcs[0](completions=["a"]) == [0.0]
+        assert trainer.reward_funcs[0](completions=["a"]) == [1.0]
+
+
 def test_no_deadline_when_reward_timeout_is_none():
     from mrtpo.rewards import checked_reward_funcs
 

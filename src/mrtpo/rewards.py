@@ -173,11 +173,15 @@ def _with_deadline(func: Callable[..., Any], name: str, timeout: float, kwargs: 
     import threading
     import time
 
+    import torch
+
     result: dict[str, Any] = {}
+    grad = torch.is_grad_enabled()  # thread-local: the caller's no_grad() must hold in the worker too
 
     def run():
         try:
-            result["value"] = func(**kwargs)
+            with torch.set_grad_enabled(grad):
+                result["value"] = func(**kwargs)
         except BaseException as exc:  # noqa: BLE001 -- raised again in the caller's thread
             result["error"] = exc
 

@@ -31,7 +31,6 @@ from transformers import TrainerCallback
 
 from mrtpo.config import CONFIG_NAME, ConfigError, RunConfig, read_yaml, write_config
 from mrtpo.task_pin import read_pin, write_pin
-from mrtpo.trainer.metrics import trim_jsonl
 
 #: Files a run writes into its folder (besides ``checkpoint-N/``).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "credit_samples.jsonl", "report.html", "report.md", "curves.png",
@@ -369,6 +368,8 @@ def open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overw
         write_config(config, out / CONFIG_NAME)
         write_pin(out, config.run.task)
         return
+    from mrtpo.trainer.metrics import trim_jsonl
+
     step = checkpoint_step(checkpoint)
     if changed or read_pin(out) is None:
         write_pin(out, config.run.task, changed, step)

@@ -336,7 +336,7 @@ class ConfigTask:
 
     def _examples_of(self, rows: Any, split: str) -> list[Example]:
         out = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows.to_list() if hasattr(rows, "to_list") else rows):  # one arrow pass, not per row
             ex_id = str(row[self.spec.id_column]) if self.spec.id_column else f"{split}-{i}"
             messages = as_messages(row[self.spec.prompt], f"row {i} of split {split!r}")
             out.append(Example(id=ex_id, split=split, messages=messages, gold=dict(row), meta={"row": i}))
