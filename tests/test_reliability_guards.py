@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mrtpo.cli import main as cli_main
 from mrtpo.config import ConfigError, load_config
-from mrtpo.export import export_model
+from mrtpo.export import export_model, main as export_main
 
 
 def make_run(folder: Path) -> Path:
@@ -40,7 +39,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def export_error(capsys, *argv) -> str:
     """``mrtpo export`` refusing: exit 2, one line on stderr, no traceback."""
-    assert cli_main(["export", *map(str, argv)]) == 2
+    assert export_main([*map(str, argv)]) == 2  # the command itself: mrtpo.cli would configure logging globally
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.strip()]
     assert "Traceback" not in out + err and len(lines) == 1 and lines[0].startswith("mrtpo export: error: "), err
@@ -477,15 +476,17 @@ def gym_run(tmp_path_factory):
 
 
 def test_report_accepts_a_torn_last_metrics_line(gym_run, tmp_path, capsys):
+    from mrtpo.report.command import main as report_main
+
     run = gym_run(tmp_path / "run")
     with (run / "metrics.jsonl").open("a") as f:
         f.write('{"step": 3, "loss": 0.1')  # killed mid-write
-    assert cli_main(["report", str(run)]) == 0
+    assert report_main([str(run)]) == 0
     assert "note: left out the torn last line of" in capsys.readouterr().out
     assert (run / "report.md").is_file()
     with (run / "metrics.jsonl").open("a") as f:
         f.write('\n{"step": 4}\n')  # a bad line in the middle is still an error, naming it
-    assert cli_main(["report", str(run)]) == 2
+    assert report_main([str(run)]) == 2
     assert "metrics.jsonl line 4 is not JSON" in capsys.readouterr().err
 
 
