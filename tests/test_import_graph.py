@@ -24,7 +24,8 @@ DESIGN = SRC.parents[1] / "docs" / "design.md"
 #: one runs the package's ``__init__``, so none of them can sit lower than it.
 FLOORS = {
     "cli_help": 0, "credit": 0, "hub": 0, "machine": 0, "model_calls": 0, "model_presets": 0, "replay_passes": 0,
-    "reward_calls": 0, "run_outputs": 0, "testing": 0, "trl_names": 0, "verifiers": 0, "warning_filters": 0,
+    "reward_calls": 0, "run_outputs": 0, "testing": 0, "trl_names": 0, "validation": 0, "verifiers": 0,
+    "warning_filters": 0,
     "counterfactual": 1, "models": 1, "packing": 1, "rewards": 1, "shared_prompt": 1,
     "__init__": 2, "fast_decode": 2, "model_init": 2, "model_names": 2, "replay_plan": 2, "sampling": 2,
     "task_base": 2,
@@ -32,7 +33,7 @@ FLOORS = {
     "tasks": 4, "trainer": 4,
     "evaluate": 5, "report": 5, "warm_start": 5,
     "config": 6, "demo": 6, "explain": 6,
-    "cli_args": 7, "saved_config": 7,
+    "cli_args": 7, "saved_config": 7, "task_pin": 7,
     "run_folder": 8,
     "train": 9,
     "bench": 10, "export": 10,

@@ -15,7 +15,6 @@ import dataclasses
 import datetime as _dt
 import importlib.util
 import itertools
-import math
 import os
 import types
 import typing
@@ -34,6 +33,7 @@ from mrtpo.trl_names import (
     translate,
     unknown_key_message,
 )
+from mrtpo.validation import SettingError, check_finite, check_trainer_numbers
 
 CONFIG_NAME = "config.yaml"
 KEYS_HINT = "the full list: `mrtpo train --list-keys` (or docs/training.md)"
@@ -411,6 +411,11 @@ def load_config(
 
 
 def _validate_run(run: RunSettings) -> None:
+    for f in dataclasses.fields(run):
+        try:
+            check_finite(f.name, getattr(run, f.name))
+        except SettingError as exc:
+            raise ConfigError(str(exc)) from None
     if (problem := task_problem(run.task)) is not None:  # the live registry: plugin tasks and task files count
         raise ConfigError(problem)
     if run.dtype not in ("float32", "bfloat16", "float16"):
@@ -436,13 +441,6 @@ def _validate_run(run: RunSettings) -> None:
         raise ConfigError(f"lora_target_modules must be all-linear or a list of module names, got {modules!r}")
 
 
-#: Trainer settings that must be > 0 (a zero learning rate trains nothing, silently; ``save_steps`` and
-#: ``logging_steps`` below 1 are a share of max_steps) or >= a minimum (when set).
-_POSITIVE = ("learning_rate", "temperature", "epsilon", "repetition_penalty", "save_steps", "logging_steps")
-_AT_LEAST = {"max_steps": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
-             "max_completion_length": 1, "num_generations": 2, "num_iterations": 1, "generation_batch_size": 1,
-             "steps_per_generation": 1, "per_device_eval_batch_size": 1, "num_generations_eval": 1, "top_k": 0,
-             "beta": 0, "weight_decay": 0}
 #: TRL 1.16's loss types (the trainer refuses the sequence-level ones with its own reason).
 _LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "vespo", "luspo")
 
@@ -456,17 +454,10 @@ def _validate_trainer(kwargs: dict[str, Any]) -> None:
     def value(key):
         return kwargs[key] if key in kwargs else fields[key].default
 
-    for key in _POSITIVE:
-        v = value(key)
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ConfigError(f"{key} must be > 0, got {v}")
-    for key, least in _AT_LEAST.items():
-        v = value(key)
-        if v is not None and v < least:
-            hint = " (GRPO compares the completions of a prompt)" if key == "num_generations" else ""
-            raise ConfigError(f"{key} must be >= {least}{hint}, got {v}")
-    if not 0 < value("top_p") <= 1 or not 0 <= (value("min_p") or 0) <= 1:
-        raise ConfigError(f"top_p must be in (0, 1] and min_p in [0, 1], got {value('top_p')} and {value('min_p')}")
+    try:  # the one numeric check (mrtpo.validation), as MRTPOConfig runs it; here max_steps=-1 (epochs) is refused
+        check_trainer_numbers(value, fields, epochs=False)
+    except SettingError as exc:
+        raise ConfigError(str(exc)) from None
     if value("loss_type") not in _LOSS_TYPES:
         raise ConfigError(f"unknown loss_type {value('loss_type')!r}; choose one of {', '.join(_LOSS_TYPES[:6])}")
     if kwargs.get("generation_batch_size") is None:  # else TRL checks it against num_generations itself

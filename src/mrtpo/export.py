@@ -10,7 +10,9 @@ card. A full fine-tuning run's ``model/`` is already whole: export copies it. ``
 weights in ``float32`` (a LoRA merge's default), ``bfloat16`` or ``float16`` (half the size; a copied
 model is cast only when asked). A run without
 ``model/`` (stopped before the end) exports its newest complete checkpoint, with a note. The output
-appears whole or not at all (written next to it, renamed last).
+appears whole or not at all (written next to it, renamed last). It replaces only a folder an earlier
+export wrote (its mark file), and only with ``--overwrite``: a run folder, a folder inside or holding
+one, and a folder of other files are refused (:func:`mrtpo.run_folder.check_output_folder`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from mrtpo.cli_help import HelpFormatter
 from mrtpo.config import CONFIG_NAME, ConfigError, load_config
-from mrtpo.run_folder import find_checkpoint
+from mrtpo.run_folder import OUTPUT_MARK, check_output_folder, find_checkpoint, mark_output
 from mrtpo.run_outputs import FINAL_DIR, is_adapter
 
 __all__ = ["export_model", "main"]
@@ -61,22 +63,27 @@ def export_model(run: str | Path, output_dir: str | Path | None = None, overwrit
     if note:
         print(note, flush=True)
     dest = Path(output_dir) if output_dir else run / EXPORT_DIR
-    if dest.exists() and any(dest.iterdir()) and not overwrite:
-        raise ConfigError(f"{dest} exists and is not empty: give another --output-dir, or --overwrite")
+    check_output_folder(dest, overwrite, slot=run / EXPORT_DIR)
     partial = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    skip = ("optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml")
-    if is_adapter(source):
-        _merge(run, source, partial, dtype or "float32")
-    elif dtype is None:
-        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(*skip))
-    else:  # the files but the weights, then the weights in dtype
-        import torch
-        from transformers import AutoModelForCausalLM
+    skip = ("optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml",
+            OUTPUT_MARK)
+    try:
+        if is_adapter(source):
+            _merge(run, source, partial, dtype or "float32")
+        elif dtype is None:
+            shutil.copytree(source, partial, ignore=shutil.ignore_patterns(*skip))
+        else:  # the files but the weights, then the weights in dtype
+            import torch
+            from transformers import AutoModelForCausalLM
 
-        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(*skip, *_WEIGHTS))
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), local_files_only=True)
-        model.save_pretrained(partial, safe_serialization=True)
+            shutil.copytree(source, partial, ignore=shutil.ignore_patterns(*skip, *_WEIGHTS))
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), local_files_only=True)
+            model.save_pretrained(partial, safe_serialization=True)
+        mark_output(partial)
+    except BaseException:  # a full disk, Ctrl-C: no half-written folder left next to the output
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -135,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         dest = export_model(ns.run, ns.output_dir, ns.overwrite, ns.dtype)
     except (ConfigError, ModelLoadError) as exc:
         print(f"mrtpo export: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a read-only folder: the run is untouched, the output not written
+        print(f"mrtpo export: error: cannot write {exc.filename or ns.output_dir}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 2
     kind = "merged LoRA adapter" if is_adapter(_source(Path(ns.run))[0]) else "copy"
     print(f"exported ({kind}): {dest}")

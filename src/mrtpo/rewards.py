@@ -14,7 +14,8 @@ Two ways to give a reward its evidence:
 The trainer asks :func:`evidence_for` for each (reward, dataset row) pair; a reward without
 declared evidence gets uniform token weights. Every value a reward function returns must be a
 finite number, or None / NaN ("not applicable", as in TRL); anything else stops training with an
-error naming the function, the row and the value (:func:`check_reward_values`).
+error naming the function, the row and the value (:func:`check_reward_values`), and each call must
+return within the trainer's ``reward_timeout`` (:func:`checked_reward_funcs`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ def declares_evidence(reward_func: Any) -> bool:
     return isinstance(reward_func, VerifierReward) or getattr(reward_func, EVIDENCE_ATTR, None) is not None
 
 
+#: The largest reward magnitude accepted: TRL scores in float32, where the group's std squares each
+#: reward (a reward of 1e20 already overflows it to inf, and 1e300 is inf on arrival).
+MAX_REWARD = 1e15
+
+
 class RewardValueError(ValueError):
     """A reward function returned something that is not a reward (a string, ±inf, a non-list)."""
 
@@ -117,7 +123,8 @@ class RewardValueError(ValueError):
 def check_reward_values(name: str, values: Any, example_ids: Sequence[Any] | None = None) -> Any:
     """``values`` unchanged if each is a real number (finite, or NaN: not applicable) or None; else a
     :class:`RewardValueError` naming reward function ``name``, the row (and its ``example_ids`` entry)
-    and the value. ±inf is refused: it would turn every advantage of its group into NaN."""
+    and the value. ±inf and magnitudes beyond :data:`MAX_REWARD` are refused: they would turn every
+    advantage of its group into NaN."""
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
         raise RewardValueError(f"reward function {name!r} returned a {type(values).__name__} ({values!r:.60}), "
                                "not a list with one reward per completion")
@@ -125,10 +132,11 @@ def check_reward_values(name: str, values: Any, example_ids: Sequence[Any] | Non
         if value is None:
             continue
         number = _as_number(value)
-        if number is not None and (math.isfinite(number) or math.isnan(number)):
+        if number is not None and (abs(number) <= MAX_REWARD or math.isnan(number)):
             continue
         at = f"row {row}" + (f" (example_id {example_ids[row]!r})" if example_ids and row < len(example_ids) else "")
-        kind = "infinite" if number is not None else f"a {type(value).__name__}"
+        kind = f"a {type(value).__name__}" if number is None else "infinite" if math.isinf(number) else \
+            f"beyond ±{MAX_REWARD:g}, where the group's float32 std overflows"
         raise RewardValueError(f"reward function {name!r} returned {value!r:.60} ({kind}) for {at}; a reward must "
                                "be a finite number, or None (not applicable)")
     return values
@@ -144,8 +152,59 @@ def _as_number(value: Any) -> float | None:
         return None
 
 
-def _checked(func: Any, name: str) -> Any:
-    """``func`` with its values passed through :func:`check_reward_values` (a model scores as logits: as is)."""
+class RewardTimeoutError(RewardValueError):
+    """A reward function did not return within the trainer's ``reward_timeout``."""
+
+
+#: Seconds between the notes printed while a reward function runs long.
+PROGRESS_EVERY_S = 30.0
+
+
+def _late(name: str, timeout: float) -> RewardTimeoutError:
+    return RewardTimeoutError(f"reward function {name!r} did not return within reward_timeout ({float(timeout)} s); "
+                              "make it faster, or raise reward_timeout (null: no deadline)")
+
+
+def _with_deadline(func: Callable[..., Any], name: str, timeout: float, kwargs: dict[str, Any]) -> Any:
+    """``func(**kwargs)`` in a daemon thread, waited for until ``timeout`` seconds, with a note on stderr
+    every :data:`PROGRESS_EVERY_S` seconds. Past the deadline: a :class:`RewardTimeoutError` (the thread
+    cannot be stopped; it is left to finish or die with the process, which the error ends)."""
+    import sys
+    import threading
+    import time
+
+    import torch
+
+    result: dict[str, Any] = {}
+    grad = torch.is_grad_enabled()  # thread-local: the caller's no_grad() must hold in the worker too
+
+    def run():
+        try:
+            with torch.set_grad_enabled(grad):
+                result["value"] = func(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 -- raised again in the caller's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"reward {name}", daemon=True)
+    start = time.monotonic()
+    worker.start()
+    while True:
+        left = start + timeout - time.monotonic()
+        worker.join(min(PROGRESS_EVERY_S, max(left, 0.0)))
+        if not worker.is_alive():
+            break
+        if time.monotonic() - start >= timeout:
+            raise _late(name, timeout)
+        print(f"scoring: reward function {name!r} still running after {time.monotonic() - start:.1f} s "
+              f"(reward_timeout {timeout} s)", file=sys.stderr, flush=True)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _checked(func: Any, name: str, timeout: float | None = None) -> Any:
+    """``func`` with its values passed through :func:`check_reward_values` and, when ``timeout`` is set, a
+    deadline of that many seconds per call (a model scores as logits: as is)."""
     import torch
     from trl.trainer.utils import is_async_callable
 
@@ -153,12 +212,19 @@ def _checked(func: Any, name: str) -> Any:
         return func
     if is_async_callable(func):
         async def check_async(**kwargs):
-            return check_reward_values(name, await func(**kwargs), kwargs.get("example_id"))
+            import asyncio
+
+            try:
+                values = await (asyncio.wait_for(func(**kwargs), timeout) if timeout else func(**kwargs))
+            except TimeoutError:
+                raise _late(name, timeout) from None
+            return check_reward_values(name, values, kwargs.get("example_id"))
 
         return check_async
 
     def check(**kwargs):
-        return check_reward_values(name, func(**kwargs), kwargs.get("example_id"))
+        values = _with_deadline(func, name, timeout, kwargs) if timeout else func(**kwargs)
+        return check_reward_values(name, values, kwargs.get("example_id"))
 
     return check
 
@@ -167,9 +233,11 @@ def _checked(func: Any, name: str) -> Any:
 def checked_reward_funcs(trainer: Any) -> Iterator[None]:
     """Within the block, ``trainer``'s reward functions check their values as TRL calls them
     (TRL's ``_calculate_rewards`` stacks them into a float tensor, where a string fails without naming
-    the function and ±inf passes)."""
+    the function and ±inf passes), and each call must return within ``trainer.args.reward_timeout``
+    seconds (None: no deadline)."""
     original = trainer.reward_funcs
-    trainer.reward_funcs = [_checked(f, n) for f, n in zip(original, trainer.reward_func_names)]
+    timeout = getattr(getattr(trainer, "args", None), "reward_timeout", None)
+    trainer.reward_funcs = [_checked(f, n, timeout) for f, n in zip(original, trainer.reward_func_names)]
     try:
         yield
     finally:
@@ -177,7 +245,9 @@ def checked_reward_funcs(trainer: Any) -> Iterator[None]:
 
 
 __all__ = [
+    "MAX_REWARD",
     "EvidenceSpec",
+    "RewardTimeoutError",
     "RewardValueError",
     "VerifierReward",
     "check_reward_values",

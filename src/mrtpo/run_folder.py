@@ -1,6 +1,8 @@
 """The run folder as a transaction: which folder a fresh run may use, which checkpoint a resume may
 continue, and the settings copy each checkpoint carries.
 
+- One process writes into a run folder at a time: the run holds an exclusive lock on its
+  :data:`LOCK_NAME` from before it writes anything until it ends (:func:`lock_run_folder`).
 - A folder that holds another run (:data:`RUN_FILES`, ``checkpoint-N/``) is refused to a fresh run;
   ``--overwrite`` removes that run's files, and only those (:func:`clear_run`).
 - A checkpoint is *complete* when the HF Trainer finished writing it: ``trainer_state.json`` is the
@@ -27,12 +29,13 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from mrtpo.config import ConfigError, RunConfig, read_yaml
+from mrtpo.config import CONFIG_NAME, ConfigError, RunConfig, read_yaml
 from mrtpo.saved_config import write_config
+from mrtpo.task_pin import read_pin, write_pin
 
 #: Files a run writes into its folder (besides ``checkpoint-N/``).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "credit_samples.jsonl", "report.html", "report.md", "curves.png",
-             "README.md", "model", "export")
+             "README.md", "model", "export", "task_pin.json")
 #: The copy of the run's settings inside each checkpoint.
 STAMP_NAME = "mrtpo_config.yaml"
 #: Settings a resume may change without making the checkpoint another run's.
@@ -68,6 +71,116 @@ def check_fresh_folder(folder: Path, overwrite: bool) -> None:
         names = ", ".join(p.name for p in used[:4]) + (", ..." if len(used) > 4 else "")
         raise ConfigError(f"{folder} already holds a run ({names}): continue it with --resume {folder}, "
                           "start over in it with --overwrite (removes that run's files), or give another --output-dir")
+
+
+#: The mark a command leaves in an output folder it wrote whole (``mrtpo export``): the only non-empty
+#: folder such a command replaces (:func:`check_output_folder`).
+OUTPUT_MARK = ".mrtpo-output"
+
+
+def _is_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a run: its settings, logs or checkpoints (a model card alone, which an
+    export holds too, does not make one)."""
+    return any((folder / name).exists() for name in RUN_FILES[:3]) or bool(checkpoints(folder))
+
+
+def _run_above(path: Path) -> Path | None:
+    """The run folder or checkpoint that ``path`` is, or is inside (None: neither)."""
+    for folder in (path, *path.parents):
+        if _CHECKPOINT.match(folder.name) or _is_run(folder):
+            return folder
+    return None
+
+
+def check_output_folder(dest: Path, overwrite: bool, slot: Path | None = None) -> None:
+    """A command that writes a whole folder (``mrtpo export``) may replace ``dest`` only when it is new,
+    empty, or its own earlier output (:data:`OUTPUT_MARK`; ``slot``, the run's own output folder, counts as
+    one) and ``overwrite`` is given. A file, a run folder or checkpoint, a folder inside one (other than
+    ``slot``), one holding a run, or one holding other files is refused, with the reason."""
+    dest = Path(os.path.abspath(dest))
+    slot = Path(os.path.abspath(slot)) if slot is not None else None
+    if dest.exists() and not dest.is_dir():
+        raise ConfigError(f"{dest} is a file: give a folder (new or empty) as the output")
+    if dest != slot and (above := _run_above(dest)) is not None:
+        where = "is a run folder" if above == dest else f"is inside the run folder {above}"
+        if _CHECKPOINT.match(above.name):
+            where = "is a checkpoint" if above == dest else f"is inside the checkpoint {above}"
+        raise ConfigError(f"{dest} {where}; replacing it would delete the run's files: give a new or empty folder")
+    entries = sorted(dest.iterdir()) if dest.is_dir() else []
+    if not entries:
+        return
+    runs = [p for p in entries if p.is_dir() and (_is_run(p) or _CHECKPOINT.match(p.name))]
+    if runs:
+        raise ConfigError(f"{dest} holds a run ({', '.join(p.name for p in runs[:3])}); replacing it would delete "
+                          "that run: give a new or empty folder")
+    written = _marked_files(dest)
+    if written is None and dest == slot:  # an export by an older mrtpo, without the mark: its files, no folders
+        written = {p.name for p in entries if p.is_file() and p.name not in RUN_FILES[:3]}
+    foreign = [p.name for p in entries if p.name not in (written or set()) | {OUTPUT_MARK}]
+    if foreign:
+        names = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        raise ConfigError(f"{dest} holds files mrtpo export did not write ({names}); it replaces only a folder it "
+                          "wrote: give a new or empty folder")
+    if not overwrite:
+        raise ConfigError(f"{dest} holds an earlier export: --overwrite replaces it, or give another folder")
+
+
+def mark_output(folder: Path) -> None:
+    """Mark ``folder`` as written whole by a command, listing its files (:func:`check_output_folder`)."""
+    names = sorted(p.name for p in folder.iterdir() if p.name != OUTPUT_MARK)
+    (folder / OUTPUT_MARK).write_text(json.dumps({"written_by": "mrtpo", "files": names}) + "\n")
+
+
+def _marked_files(folder: Path) -> set[str] | None:
+    """The files :func:`mark_output` listed in ``folder`` (None: no readable mark)."""
+    try:
+        return set(json.loads((folder / OUTPUT_MARK).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# One writer per run folder.
+# --------------------------------------------------------------------------------------------
+#: The lock file in a run folder: an exclusive ``flock`` held by the run writing there, with its pid.
+LOCK_NAME = ".mrtpo.lock"
+
+
+class RunLock:
+    """An exclusive ``flock`` on a run folder's :data:`LOCK_NAME`, held until :meth:`release` (or the
+    process ends: the kernel drops it then, so a killed run leaves no stale lock). The file holds the
+    holder's pid while held and is emptied on release."""
+
+    def __init__(self, fd: int):
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing the only descriptor drops the flock
+            self.fd = None
+
+
+def lock_run_folder(folder: Path) -> RunLock:
+    """Take ``folder``'s run lock (creating the folder); a :class:`ConfigError` naming the holder's pid
+    when another process holds it. Take it before writing anything into the folder."""
+    import fcntl
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"cannot write to the output folder {folder}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"{folder} is in use by another mrtpo run (pid {holder}): wait for it to end, or give "
+                          "another --output-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return RunLock(fd)
 
 
 def check_writable(folder: Path) -> None:
@@ -212,6 +325,25 @@ class ConfigStamp(TrainerCallback):
             write_config(self.config, Path(args.output_dir) / f"checkpoint-{state.global_step}" / STAMP_NAME)
 
 
+class ScheduleOnResume(TrainerCallback):
+    """A resumed run follows the learning-rate schedule of its *current* ``max_steps``: step s gets the
+    rate a run planned for max_steps from the start gets at step s. The scheduler is rebuilt for the new
+    length, but the checkpoint's state carries the rate the old schedule set for the next step (0.0 after
+    a finished linear schedule); this sets that rate from the new schedule before the first resumed step.
+    Resuming with the same max_steps changes nothing (the same formula gives the same number)."""
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, optimizer=None, **kwargs):
+        from torch.optim.lr_scheduler import LambdaLR
+
+        if state.global_step == 0 or not isinstance(lr_scheduler, LambdaLR) or optimizer is None:
+            return  # a fresh run; or a scheduler without a closed-form rate per step (transformers' are LambdaLR)
+        rates = [base * rule(lr_scheduler.last_epoch) for base, rule in zip(lr_scheduler.base_lrs,
+                                                                             lr_scheduler.lr_lambdas)]
+        for group, rate in zip(optimizer.param_groups, rates):
+            group["lr"] = rate
+        lr_scheduler._last_lr = rates
+
+
 def saved_config(checkpoint: Path) -> dict[str, Any] | None:
     """The settings ``checkpoint`` was saved under (None: saved without a copy, by an older mrtpo)."""
     stamp = checkpoint / STAMP_NAME
@@ -225,6 +357,39 @@ def config_differences(saved: dict[str, Any], folder: dict[str, Any], given: set
     return [f"{k}: {saved.get(k)!r} vs {folder.get(k)!r}" for k in keys if saved.get(k) != folder.get(k)]
 
 
-__all__ = ["RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem", "check_fresh_folder",
-           "check_writable", "checkpoint_problem", "checkpoint_step", "checkpoints", "clear_run",
-           "config_differences", "file_problem", "find_checkpoint", "run_files", "saved_config"]
+def open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool,
+                     changed: list[str]) -> None:
+    """Once everything has loaded: clear the earlier run (``--overwrite``), write ``config.yaml`` and the task's
+    pin (:mod:`mrtpo.task_pin`; on resume only when ``changed`` was allowed or the run had none), and on
+    resume drop what the interrupted run logged after its checkpoint, torn last lines included."""
+    if checkpoint is None:
+        if overwrite and run_files(out):
+            print(f"--overwrite: removing the earlier run in {out}", flush=True)
+            clear_run(out)
+        write_config(config, out / CONFIG_NAME)
+        write_pin(out, config.run.task)
+        return
+    from mrtpo.trainer.metrics import trim_jsonl
+
+    step = checkpoint_step(checkpoint)
+    if changed or read_pin(out) is None:
+        write_pin(out, config.run.task, changed, step)
+    print(f"resuming from {checkpoint} (step {step})", flush=True)
+    # A sample is tagged with the global step *before* its update: step s belongs to checkpoint s + 1.
+    logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step,
+            "credit_samples.jsonl": lambda r: r.get("step", 0) < step}
+    for name, keep in logs.items():
+        try:
+            torn = trim_jsonl(out / name, keep)
+        except ValueError as exc:
+            raise ConfigError(f"{exc}; fix or remove that line to resume") from None
+        if torn:
+            print(f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)",
+                  flush=True)
+    write_config(config, out / CONFIG_NAME)
+
+
+__all__ = ["LOCK_NAME", "OUTPUT_MARK", "RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem",
+           "RunLock", "ScheduleOnResume", "check_fresh_folder", "check_output_folder", "check_writable",
+           "checkpoint_problem", "checkpoint_step", "checkpoints", "clear_run", "config_differences", "file_problem",
+           "find_checkpoint", "lock_run_folder", "mark_output", "open_run_folder", "run_files", "saved_config"]

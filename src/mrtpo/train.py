@@ -53,18 +53,21 @@ from mrtpo.config import (  # noqa: E402
 from mrtpo.credit import available_methods  # noqa: E402
 from mrtpo.run_folder import (  # noqa: E402
     ConfigStamp,
+    ScheduleOnResume,
     check_fresh_folder,
     check_writable,
     checkpoint_step,
-    clear_run,
     config_differences,
     find_checkpoint,
-    run_files,
+    lock_run_folder,
+    open_run_folder,
     saved_config,
 )
-from mrtpo.saved_config import write_config  # noqa: E402
+from mrtpo.run_outputs import FINAL_DIR  # noqa: E402
 from mrtpo.task_base import implements  # noqa: E402
-from mrtpo.trainer.metrics import trim_jsonl  # noqa: E402
+from mrtpo.task_pin import check_task_pin  # noqa: E402
+from mrtpo.tasks import is_task_file  # noqa: E402
+from mrtpo.validation import SettingError, check_evidence_in_prompts  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +170,10 @@ def load_task_data(config: RunConfig) -> TaskData:
         raise ConfigError(f"task {run.task!r} gives {len(train)} train examples, fewer than the {prompts_per_step} "
                           "prompts one generation batch needs (generation_batch_size / num_generations)")
     evals = task.load("eval", run.eval_size) if run.eval_size else []
+    try:  # a task file's own evidence (a built-in task's may sit in the rendered tools: the trainer checks those)
+        check_evidence_in_prompts([*train, *evals], task.verifiers()) if is_task_file(run.task) else None
+    except SettingError as exc:
+        raise ConfigError(str(exc)) from None
     examples = {}
     for ex in [*train, *evals]:
         if ex.id in examples:
@@ -297,6 +304,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="start over in an --output-dir that holds a run: remove that run's files (config.yaml, logs, "
                         "reports, checkpoint-N/) once the new run's settings and model have loaded")
+    p.add_argument("--allow-task-change", action="store_true",
+                   help="--resume although the task file, its reward sources or data changed since the run started "
+                        "(recorded in the run's task_pin.json)")
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config key")
     return p
@@ -386,16 +396,28 @@ def _error(text: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The command. Every check runs before any model loads, and nothing is written into the run
     folder until the settings, the task data and the model have loaded: a command that fails leaves
-    an existing run's files as they were."""
+    an existing run's files as they were. The main process holds the run folder's lock
+    (:func:`~mrtpo.run_folder.lock_run_folder`) from before its checks until the command returns."""
+    locks: list = []
+    try:
+        return _main(argv, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _main(argv: list[str] | None, locks: list) -> int:
     from mrtpo.cli_args import split_argv
 
     parser = _parser()
-    try:
+    try:  # `--key value` flags for every config key (TRL's style) come out first
         rest, fields = split_argv(sys.argv[1:] if argv is None else list(argv), parser)
     except ConfigError as exc:
         return _error(exc)
-    ns = parser.parse_args(rest)
+    ns = parser.parse_intermixed_args(rest)  # key=value may sit between flags
     ns.fields = fields
+    if ns.resume and "=" in ns.resume and not Path(ns.resume).exists():  # `--resume max_steps=6`: a setting
+        ns.overrides, ns.resume = [ns.resume, *ns.overrides], ""
     if ns.list_keys:
         _print_keys()
         return 0
@@ -410,15 +432,21 @@ def main(argv: list[str] | None = None) -> int:
         run_model_init(config)  # model_init_kwargs checked before anything loads
         prepare_hub(args.push_to_hub)  # offline only where the user or the machine says so; push_to_hub checked
         out = Path(args.output_dir)
-        if checkpoint is not None and (step := checkpoint_step(checkpoint)) >= args.max_steps:
+        finished = checkpoint is not None and (step := checkpoint_step(checkpoint)) >= args.max_steps
+        save_only = finished and not (out / FINAL_DIR).is_dir()  # killed after its last checkpoint, before model/
+        if save_only:
+            config.notes.append(f"note: {out} has no {FINAL_DIR}/: writing it from {checkpoint.name} (no training)")
+        elif finished:
             _say(main_process, f"mrtpo train: {out} is already finished: {checkpoint.name} is at step {step} of "
                                f"max_steps {args.max_steps}; give --max-steps N (N > {step}) to train it longer")
             return 0
         data = load_task_data(config)
         if main_process:
+            check_writable(out)
+            locks.append(lock_run_folder(out))  # before the folder is judged, and held while writing it
             if checkpoint is None:
                 check_fresh_folder(out, ns.overwrite)
-            check_writable(out)
+        changed = check_task_pin(out, run.task, ns.allow_task_change) if checkpoint is not None else []
     except (ConfigError, ModelLoadError, HubError) as exc:
         return _error(exc)
     t0 = time.perf_counter()
@@ -428,19 +456,21 @@ def main(argv: list[str] | None = None) -> int:
                        f"{args.num_generations} completions · output {out}")
     for note in config.notes:
         _say(main_process, note)
+    from mrtpo.counterfactual import EvidenceNotFoundError
     from mrtpo.models import ModelLoadError
 
     try:
         trainer = build_trainer(config, data)
-    except (ConfigError, ModelLoadError) as exc:
+    except (ConfigError, ModelLoadError, EvidenceNotFoundError) as exc:
         return _error(exc)
     main_process = trainer.accelerator.is_main_process
     if main_process:
         try:
-            _open_run_folder(out, config, checkpoint, ns.overwrite)
+            open_run_folder(out, config, checkpoint, ns.overwrite, changed)
         except (ConfigError, OSError) as exc:
             return _error(exc)
     trainer.add_callback(ConfigStamp(config))
+    trainer.add_callback(ScheduleOnResume())  # --resume --max-steps N: the schedule of a run planned for N steps
     trainer.accelerator.wait_for_everyone()
     _say(main_process, f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, "
                        f"rewards {', '.join(trainer.reward_func_names)}")
@@ -448,7 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.run_outputs import save_final_model
 
     try:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        if save_only:
+            trainer._load_from_checkpoint(str(checkpoint))
+        else:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         final = save_final_model(trainer, out)
     except RewardValueError as exc:
         return _error(exc)
@@ -463,35 +496,14 @@ def main(argv: list[str] | None = None) -> int:
     if run.report:
         from mrtpo.report.build import make_report
 
-        paths = make_report(out, samples=run.report_samples)
+        try:
+            paths = make_report(out, samples=run.report_samples)
+        except OSError as exc:  # a full disk: the model is saved; `mrtpo report` writes the report later
+            return _error(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the model is saved in {final}: "
+                          f"free the space and run `mrtpo report {out}`")
         print("report: " + ", ".join(str(p) for p in paths.values()))
     print(f"total {time.perf_counter() - t0:.0f} s · run folder {out}")
     return 0
-
-
-def _open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool) -> None:
-    """Once everything has loaded: clear the earlier run (``--overwrite``), write ``config.yaml``, and on
-    resume drop what the interrupted run logged after its checkpoint, torn last lines included."""
-    if checkpoint is None:
-        if overwrite and run_files(out):
-            print(f"--overwrite: removing the earlier run in {out}", flush=True)
-            clear_run(out)
-        write_config(config, out / CONFIG_NAME)
-        return
-    step = checkpoint_step(checkpoint)
-    print(f"resuming from {checkpoint} (step {step})", flush=True)
-    # A sample is tagged with the global step *before* its update: step s belongs to checkpoint s + 1.
-    logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step,
-            "credit_samples.jsonl": lambda r: r.get("step", 0) < step}
-    for name, keep in logs.items():
-        try:
-            torn = trim_jsonl(out / name, keep)
-        except ValueError as exc:
-            raise ConfigError(f"{exc}; fix or remove that line to resume") from None
-        if torn:
-            print(f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)",
-                  flush=True)
-    write_config(config, out / CONFIG_NAME)
 
 
 if __name__ == "__main__":

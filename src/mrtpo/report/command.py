@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a torn or hand-edited metrics line
         print(f"mrtpo report: error: cannot read {run / 'metrics.jsonl'}: {exc}", file=sys.stderr)
         return 2
+    from mrtpo.report.records import torn_last_line
+
+    for name in ("metrics.jsonl", "credit_samples.jsonl"):
+        if (run / name).is_file() and torn_last_line((run / name).read_text()):
+            print(f"note: left out the torn last line of {name} (a write the run did not finish)")
     print("report: " + ", ".join(str(p) for p in paths.values()))
     return 0
 

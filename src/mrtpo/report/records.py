@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Records", "load_metrics", "reward_names", "series", "step_records"]
+__all__ = ["Records", "json_lines", "load_metrics", "reward_names", "series", "step_records", "torn_last_line"]
 
 Records = Sequence[Mapping[str, Any]]
 
@@ -25,7 +25,35 @@ def load_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
         path = path / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path} (a run writes <output_dir>/metrics.jsonl)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json_lines(path)
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path``, leaving out a torn last one (no newline, not JSON: a write cut short by a
+    crash, which ``--resume`` drops too; :func:`torn_last_line` tells); a bad line elsewhere is a ValueError."""
+    text = path.read_text()
+    lines = text.splitlines()
+    if torn_last_line(text):
+        lines = lines[:-1]
+    out = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                raise ValueError(f"{path.name} line {number} is not JSON: {line[:60]!r}") from None
+    return out
+
+
+def torn_last_line(text: str) -> bool:
+    """Whether ``text`` ends in a line cut short: no newline after it, and not JSON."""
+    if not text or text.endswith("\n"):
+        return False
+    try:
+        json.loads(text.rsplit("\n", 1)[-1])
+    except ValueError:
+        return True
+    return False
 
 
 def step_records(records: Records) -> list[Mapping[str, Any]]:

@@ -12,14 +12,13 @@ prompts or when no prompt came back.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrtpo.report.records import Records, step_records
+from mrtpo.report.records import Records, json_lines, step_records
 from mrtpo.report.token_view import CompletionView, CreditRow
 
 __all__ = ["Shown", "load_credit_samples", "metric_step", "no_spread", "pick_samples", "sample_view"]
@@ -30,7 +29,7 @@ def load_credit_samples(path: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json_lines(path)
 
 
 def metric_step(record: Mapping[str, Any]) -> int:

@@ -33,12 +33,14 @@ key) is a :class:`TaskFileError`, raised before any model loads, that says the f
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mrtpo.task_base import Task
+from mrtpo.tasks.data_files import DataFileError, check_data_file
 from mrtpo.tasks.reward_refs import TaskFileError, close_match_hint, load_reward, reward_list
 from mrtpo.verifiers import Evidence, Example
 
@@ -155,15 +157,24 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
     import datasets
 
     ref, folder = spec.dataset, spec.folder
-    if isinstance(ref, dict) or isinstance(ref, list) or (isinstance(ref, str)
-                                                           and Path(ref).suffix.lower() in _BUILDERS):
+    if isinstance(ref, (dict, list)) or (isinstance(ref, str) and (Path(ref).suffix.lower() in _BUILDERS
+                                                                  or (folder / ref).is_file())):
         by_split = ref if isinstance(ref, dict) else {"train": ref}
         files = {str(s): [str(p) for p in _data_files(f, folder)] for s, f in by_split.items()}
         builders = {_BUILDERS[Path(f).suffix.lower()] for fs in files.values() for f in fs}
         if len(builders) > 1:
             raise TaskFileError(f"dataset files mix formats ({', '.join(sorted(builders))}); use one format")
-        loaded = datasets.load_dataset(builders.pop(), data_files=files)
-        return dict(loaded)
+        try:  # a file datasets would reject: one line naming the file and the line (mrtpo.tasks.data_files)
+            for f in {f for fs in files.values() for f in fs}:
+                check_data_file(Path(f))
+            return dict(datasets.load_dataset(builders.pop(), data_files=files))
+        except DataFileError as exc:
+            raise TaskFileError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 -- what the check cannot foresee (a corrupt parquet file, ...)
+            cause = exc.__cause__ or exc
+            raise TaskFileError(f"datasets could not read the dataset files {', '.join(sorted(builders or files))}: "
+                                f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}"
+                                ) from None
     if not isinstance(ref, str):
         raise TaskFileError(f"dataset must be a path, a list of files, a split -> file mapping or a hub id, "
                             f"got {ref!r}")
@@ -218,7 +229,7 @@ def score(fn: Any, name: str, texts: list[str], examples: list[Example], prompt_
     from mrtpo.reward_calls import call_reward
     from mrtpo.rewards import RewardValueError, check_reward_values
 
-    rows = [dict(ex.gold) for ex in examples]
+    rows = [copy.deepcopy(ex.gold) for ex in examples]  # a reward that changes a list cell changes its own copy
     prompts = [row.pop(prompt_column) for row in rows]
     columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {})}
     columns["example_id"] = [ex.id for ex in examples]
@@ -313,7 +324,7 @@ class ConfigTask(Task):
 
     def _examples_of(self, rows: Any, split: str) -> list[Example]:
         out = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows.to_list() if hasattr(rows, "to_list") else rows):  # one arrow pass, not per row
             ex_id = str(row[self.spec.id_column]) if self.spec.id_column else f"{split}-{i}"
             messages = as_messages(row[self.spec.prompt], f"row {i} of split {split!r}")
             out.append(Example(id=ex_id, split=split, messages=messages, gold=dict(row), meta={"row": i}))

@@ -10,6 +10,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def _import_target(ref: str, folder: Path) -> tuple[Any, str, str]:
         return importlib.import_module(where), attr, where
     except TaskFileError:
         raise
-    except Exception as exc:  # noqa: BLE001 -- the user's module may raise anything while importing
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's module may raise (or exit) while importing
         raise TaskFileError(f"reward {ref!r}: {where} does not import ({type(exc).__name__}: {exc})") from None
 
 
@@ -133,8 +134,9 @@ def reward_list(rewards: list | dict, folder: Path) -> list[tuple[str, Any, floa
             weight, args = value.get("weight", 1.0), value.get("args", {})
         else:
             weight = value
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise TaskFileError(f"the weight of reward {ref!r} must be a number, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise TaskFileError(f"the weight of reward {ref!r} must be a{' finite' * isinstance(weight, float)} "
+                                f"number, got {weight!r}")
         out.append((ref, load_reward(ref, folder, args), float(weight)))
     return out
 

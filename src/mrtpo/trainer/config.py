@@ -6,12 +6,13 @@ Validation happens at construction, so a wrong setting fails before any model is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER
 from mrtpo.credit import DEFAULT_LAM, DEFAULT_W_MAX, RELEVANCE_KINDS, available_methods, get_method
+from mrtpo.validation import check_trainer_numbers
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
 SEQUENCE_LEVEL_LOSSES = ("vespo", "luspo")
@@ -80,10 +81,14 @@ class MRTPOConfig(GRPOConfig):
     packed_sequences: bool = _setting(False, (
         "in the update's forward, pack each prompt's completions behind it in one row under a block mask "
         "instead of padding each to the longest (mrtpo.packing: same values, fewer tokens where lengths vary)"))
+    reward_timeout: float | None = _setting(300.0, (
+        "seconds one call of a reward function may take (a call scores a whole batch); past it training stops "
+        "naming the function; a note is printed every 30 s while one runs long; None: no deadline"))
     multi_objective_aggregation: str | None = _setting(None, (
         "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused"))
 
     def __post_init__(self) -> None:
+        check_trainer_numbers(lambda key: getattr(self, key), [f.name for f in fields(self) if f.init])
         super().__post_init__()
         if self.method not in available_methods():
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(available_methods())}")

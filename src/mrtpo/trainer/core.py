@@ -78,6 +78,7 @@ from mrtpo.trainer.config import (
 )
 from mrtpo.trainer.metrics import MetricsJSONL, append_samples, credit_metric_keys, credit_metric_sums, peak_memory_gib
 from mrtpo.trainer.update_rows import rows_that_move
+from mrtpo.validation import check_train_dataset
 from mrtpo.verifiers import Evidence
 
 
@@ -91,6 +92,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_reward_calls(GRPOTrainer.__init__, self, *args, **kwargs)  # before GRPOTrainer loads a model by name
+        check_train_dataset(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, MRTPOConfig):
             raise TypeError("MRTPOTrainer needs an MRTPOConfig (args=MRTPOConfig(...))")
