@@ -105,7 +105,11 @@ CASES = {
                           [PAPER]),
     "credit_batch_norm": ({"credit_batch_norm": False, **PAPER}, {"batch_norm": False, **PAPER}, [PAPER]),
     **{f"method_{m}": ({"method": m, **PAPER}, {"method": m, **PAPER}, [PAPER])
-       for m in ("grpo", "gdpo", "contrast", "entropy", "mrtpo-contrastive", "mrtpo-swapped")},
+       for m in ("grpo", "gdpo", "contrast", "mrtpo-contrastive", "mrtpo-swapped")},
+    # the entropy map is the policy's own at the sampling temperature
+    "method_entropy": ({"method": "entropy", "temperature": 0.5, **PAPER},
+                       {"method": "entropy", "temperature": 0.5, **PAPER},
+                       [{"temperature": 0.5, **PAPER}, {"method": "entropy", **PAPER}]),
 }
 
 
