@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE, REPLAY = "mrtpo/trainer/core.py", "mrtpo/replay.py"
 SETTINGS = "tests/test_trainer_settings.py"
 DIRECTIONS = "tests/test_replay_directions.py"
+RESUME = "tests/test_trainer_resume_settings.py"
 
 #: name -> (file under src/, text, its replacement, test files to run)
 MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
@@ -53,6 +54,8 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
                        'self.credit_method = get_method("mrtpo")', [SETTINGS]),
     "kernel_without_temperature": (REPLAY, "temperature, top_k)", "1.0, top_k)", [DIRECTIONS, SETTINGS]),
     "entropy_without_temperature": (REPLAY, "chunk_size, temperature)", "chunk_size, 1.0)", [SETTINGS]),
+    # the config hop: a resume that does not read the run folder's config.yaml runs under the defaults
+    "resume_ignores_config_yaml": ("mrtpo/train.py", "if saved.is_file():", "if False:", [RESUME]),
 }
 
 
