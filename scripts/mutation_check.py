@@ -6,7 +6,7 @@
 Each bug is one textual edit of the trainer or the replay (the old text must occur exactly once, so a
 refactor that moves it fails here loudly instead of planting nothing). The copy goes first on
 ``PYTHONPATH`` (the script checks that ``mrtpo`` is imported from it); the real files are never touched.
-Prints, per bug, the default-suite tests that failed; exits 1 if any bug survives (no test failed).
+Prints, per bug, the default-suite tests that failed (or errored); exits 1 if any bug survives (no test failed).
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ def run_tests(src: Path, files: list[str]) -> tuple[int, list[str], float]:
     if not where.startswith(str(src)):
         raise SystemExit(f"mrtpo is imported from {where}, not from the planted copy {src}")
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *files],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *files],
                           env=env, cwd=ROOT, capture_output=True, text=True)
-    failed = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.MULTILINE)
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.MULTILINE)  # a fixture error fails too
     return proc.returncode, failed, time.perf_counter() - start
 
 
