@@ -105,7 +105,7 @@ def build_config(output_dir: str, method: str, max_steps: int, **kw):
     from mrtpo.trainer import MRTPOConfig
 
     base = {
-        "output_dir": output_dir, "use_cpu": True, "bf16": False, "gradient_checkpointing": False, "report_to": [],
+        "output_dir": output_dir, "use_cpu": True, "bf16": False, "activation_checkpointing": False, "report_to": [],
         "per_device_train_batch_size": PER_DEVICE_BATCH, "num_generations": NUM_GENERATIONS,
         "max_completion_length": 8, "max_steps": max_steps, "logging_steps": 1, "save_strategy": "no",
         "learning_rate": 1e-2, "seed": 0, "temperature": 1.0, "multi_objective_aggregation": "normalize_then_sum",

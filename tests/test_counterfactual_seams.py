@@ -63,7 +63,7 @@ def trainer_for(task, examples, tmp_path):
     by_id = {ex.id: ex for ex in examples}
     rewards = [VerifierReward(v, by_id) for v in task.verifiers()]
     rows = Dataset.from_list([{"prompt": ex.messages, "example_id": ex.id} for ex in examples])
-    args = MRTPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False,
+    args = MRTPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, activation_checkpointing=False,
                        report_to=[], per_device_train_batch_size=2, num_generations=2, max_steps=1)
     return MRTPOTrainer(model=model, processing_class=tok, reward_funcs=rewards, args=args, train_dataset=rows)
 

@@ -307,7 +307,6 @@ def test_logged_credit_metrics_cover_the_global_batch(run):
     assert logged["credit/keyword_rule/top10_share"] == pytest.approx(sum(shares) / len(shares), abs=1e-6)
 
 
-@pytest.mark.slow
 def test_evidence_error_on_one_rank_stops_the_whole_run(tmp_path):
     """A dataset row whose evidence is not in its prompt, held by one rank only, fails the run with the
     error naming the reward and example; the other rank does not hang."""

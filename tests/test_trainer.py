@@ -43,7 +43,7 @@ def dataset(constraint=CONSTRAINT):
 
 def config(tmp_path, **kw):
     base = dict(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[],
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[],
         per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=2,
         logging_steps=1, save_strategy="no", learning_rate=1e-3, seed=0, temperature=1.0, credit_samples=2,
     )
