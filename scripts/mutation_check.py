@@ -30,8 +30,8 @@ RESUME = "tests/test_trainer_resume_settings.py"
 #: name -> (file under src/, text, its replacement, test files to run)
 MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "replay_without_temperature": (
-        CORE, "kind=self.args.relevance, temperature=self.temperature,", "kind=self.args.relevance, temperature=1.0,",
-        [SETTINGS]),
+        CORE, "temperature=self.temperature, chunk_size=self.args.relevance_chunk_size,",
+        "temperature=1.0, chunk_size=self.args.relevance_chunk_size,", [SETTINGS]),
     "relevance_always_js": (CORE, "kind=self.args.relevance,", 'kind="js",', [SETTINGS]),
     "relevance_top_k_ignored": (CORE, "top_k=self.args.relevance_top_k,", "top_k=None,", [SETTINGS]),
     "w_max_dropped": (CORE, "w_max=self.args.w_max,", "w_max=None,", [SETTINGS]),
