@@ -59,3 +59,30 @@ def test_no_code_probes_a_task_for_an_undeclared_hook():
     getattr_probes = {hook for source in text.values()
                       for hook in re.findall(r'getattr\((?:self\.)?task, "([a-z_]+)"', source)}
     assert getattr_probes <= declared, f"probed but not declared on Task: {getattr_probes - declared}"
+
+
+def test_a_plugin_task_gets_the_default_trainer_hooks():
+    """``task_hook`` gives a task that does not derive from ``Task`` the defaults: the messages and ids as rows,
+    each verifier wrapped as a TRL reward function."""
+    from mrtpo.rewards import VerifierReward
+    from mrtpo.task_base import task_hook
+    from mrtpo.verifiers import Example
+
+    class Says:
+        name = "says"
+
+        def __call__(self, completion, example):
+            return float("hi" in completion)
+
+        def evidence(self, example):
+            return None
+
+    class Plugin:
+        def verifiers(self):
+            return [Says()]
+
+    examples = [Example(id="a", split="train", messages=[{"role": "user", "content": "say hi"}], gold={})]
+    assert task_hook(Plugin(), "trainer_rows")(examples) == [{"prompt": examples[0].messages, "example_id": "a"}]
+    (reward,) = task_hook(Plugin(), "reward_funcs")({ex.id: ex for ex in examples})
+    assert isinstance(reward, VerifierReward)
+    assert reward(prompts=["p"], completions=["hi there"], example_id=["a"]) == [1.0]

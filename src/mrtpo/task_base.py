@@ -10,9 +10,11 @@ without knowing the registry.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mrtpo.counterfactual import default_render_prompt
+from mrtpo.rewards import VerifierReward
 from mrtpo.verifiers import Example, Verifier
 
 #: ``(reward name, span kind, [(start, end), ...])``: the characters of a text one reward's checker reads.
@@ -42,6 +44,16 @@ class Task:
     def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
         """Score model outputs on held-out examples with the benchmark's own checker."""
         raise NotImplementedError(f"{type(self).__name__}.evaluate")
+
+    def reward_funcs(self, examples: Mapping[str, Example]) -> list[Any]:
+        """The functions the trainer calls as TRL calls reward functions, one per reward in :meth:`verifiers`'
+        order. Default: each verifier wrapped to find its example by ``example_id`` in ``examples`` (id -> example)."""
+        return [VerifierReward(v, examples) for v in self.verifiers()]
+
+    def trainer_rows(self, examples: list[Example]) -> list[dict[str, Any]]:
+        """The trainer's dataset rows for ``examples``: ``prompt`` (messages or text, as TRL takes it), the
+        columns the reward functions read, and ``example_id``. Default: the messages and the id."""
+        return [{"prompt": ex.messages, "example_id": ex.id} for ex in examples]
 
     def render_prompt(self, example: Example, tokenizer: Any) -> str:
         """The exact prompt string the policy sees; generation and the evidence replays both use it
@@ -90,4 +102,11 @@ def implements(task: Any, hook: str) -> bool:
     return own is not None and own is not getattr(Task, hook)
 
 
-__all__ = ["OPTIONAL_HOOKS", "CheckedSpans", "Task", "implements"]
+def task_hook(task: Any, hook: str) -> Any:
+    """``task``'s own ``hook``, or :class:`Task`'s default bound to it (a plugin's task need not derive from
+    :class:`Task`): ``task_hook(task, "trainer_rows")(examples)``."""
+    own = getattr(task, hook, None)
+    return own if own is not None else getattr(Task, hook).__get__(task)
+
+
+__all__ = ["OPTIONAL_HOOKS", "CheckedSpans", "Task", "implements", "task_hook"]

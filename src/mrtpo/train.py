@@ -64,7 +64,7 @@ from mrtpo.run_folder import (  # noqa: E402
     saved_config,
 )
 from mrtpo.run_outputs import FINAL_DIR  # noqa: E402
-from mrtpo.task_base import implements  # noqa: E402
+from mrtpo.task_base import implements, task_hook  # noqa: E402
 from mrtpo.task_pin import check_task_pin  # noqa: E402
 from mrtpo.tasks import is_task_file  # noqa: E402
 from mrtpo.validation import SettingError, check_evidence_in_prompts  # noqa: E402
@@ -218,18 +218,15 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
 
     from mrtpo.counterfactual import prompt_renderer
     from mrtpo.model_names import base_model_names, base_weights_note
-    from mrtpo.rewards import VerifierReward
     from mrtpo.trainer import MRTPOTrainer
 
     run, args = config.run, config.args
     data = data if data is not None else load_task_data(config)
     task, train, evals, examples = data.task, data.train, data.evals, data.examples
-    own_rows = getattr(task, "trainer_rows", None)  # a task file: its functions and columns, called as TRL calls them
-    rewards = task.reward_funcs() if own_rows else [VerifierReward(v, examples) for v in task.verifiers()]
+    rewards = task_hook(task, "reward_funcs")(examples)  # a task file's: its own functions, called as TRL does
 
     def rows(exs):
-        return Dataset.from_list(own_rows(exs) if own_rows else
-                                 [{"prompt": ex.messages, "example_id": ex.id} for ex in exs])
+        return Dataset.from_list(task_hook(task, "trainer_rows")(exs))
 
     model, tokenizer, warm_folder = load_model(config, task)
     peft_config = None

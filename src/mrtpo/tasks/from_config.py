@@ -339,7 +339,7 @@ class ConfigTask(Task):
     def verifiers(self) -> list[FunctionVerifier]:
         return list(self._verifiers)
 
-    def reward_funcs(self) -> list[Any]:
+    def reward_funcs(self, examples: Any = None) -> list[Any]:
         """The reward functions themselves, for the trainer (TRL calls them; their ``@evidence`` reads the rows)."""
         return [fn for _, fn, _ in self.rewards]
 
