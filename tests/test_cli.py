@@ -171,9 +171,12 @@ def test_unknown_benchmark_exits_2_with_the_list():
     assert all(name in done.stderr for name in BENCHMARKS)
 
 
-def test_library_messages_are_logging_the_cli_prints(capsys, caplog):
+def test_library_messages_are_logging_the_cli_prints(capsys, caplog, monkeypatch):
     """Library modules log; ``mrtpo`` shows their INFO lines on stdout unchanged, and a script that
     imports mrtpo can silence them through the ``mrtpo`` logger."""
+    root = logging.getLogger("mrtpo")  # as a fresh process has it (an earlier test may have run a command in-process)
+    monkeypatch.setattr(root, "handlers", [h for h in root.handlers if not isinstance(h, cli._StdoutHandler)])
+    monkeypatch.setattr(root, "level", logging.NOTSET)
     logger = logging.getLogger("mrtpo.warm_start")
     logger.info("before the CLI configures logging")
     assert capsys.readouterr().out == ""

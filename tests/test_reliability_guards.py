@@ -427,7 +427,8 @@ def test_resume_stops_when_the_task_changed_unless_allowed(tiny_dir, tmp_path, o
 
     task = write_task(tmp_path / "t")
     out = tmp_path / "run"
-    base = ["--task", str(task), "--model", str(tiny_dir), "report=false", "max_completion_length=6", "save_steps=1"]
+    base = ["--task", str(task), "--model", str(tiny_dir), "report=false", "max_completion_length=6", "save_steps=1",
+            "--method", "gdpo"]  # a task file whose reward declares no evidence: GDPO
     assert mrtpo.train.main([*base, "--output-dir", str(out), "--max-steps", "1"]) == 0
     assert json.loads((out / "task_pin.json").read_text())["files"]["reward source rewards.py"]
     (tmp_path / "t" / "rewards.py").write_text("def r(completions, **kwargs):\n    return [5.0 for _ in completions]\n")

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+import mrtpo.replay
 import mrtpo.train
 import mrtpo.trainer.core
 from mrtpo.train import main
@@ -56,7 +57,7 @@ def train_recorded(monkeypatch, argv) -> Recorder:
     """``mrtpo train argv`` in this process; returns its exit code and what its trainer handed to the replay
     and the credit."""
     recorder = Recorder()
-    build, replay, texts = mrtpo.train.build_trainer, mrtpo.trainer.core.batch_relevance, \
+    build, replay, texts = mrtpo.train.build_trainer, mrtpo.replay.batch_relevance, \
         mrtpo.trainer.core.counterfactual_texts
 
     def building(*args, **kwargs):
@@ -74,7 +75,7 @@ def train_recorded(monkeypatch, argv) -> Recorder:
 
     with monkeypatch.context() as m:
         m.setattr(mrtpo.train, "build_trainer", building)
-        m.setattr(mrtpo.trainer.core, "batch_relevance", replaying)
+        m.setattr(mrtpo.replay, "batch_relevance", replaying)  # what run_replay_plan calls
         m.setattr(mrtpo.trainer.core, "counterfactual_texts", rendering)
         recorder.exit_code = main(argv)
     return recorder
