@@ -282,7 +282,7 @@ def run_replay_plan(
                            lengths[group.rows], group.bases) for group in plan.replayed]
     if on_replays is not None:
         on_replays(replays)
-    results = batch_relevance(model, replays, with_entropy=plan.entropy, **relevance) if replays else []
+    results = batch_relevance(model, replays, with_entropy=plan.entropy, **relevance)
     return plan.scatter(results, completions.shape[1], device)
 
 
