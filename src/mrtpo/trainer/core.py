@@ -98,6 +98,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self.credit_config = CreditConfig(
             lam=self.args.lam, w_max=self.args.w_max, batch_norm=self.args.credit_batch_norm,
             reward_weights=self.reward_weights.tolist(), reward_lam=self.args.reward_lam,
+            weighting=self.args.weighting, rank_power=self.args.rank_power, weight_mean=self.args.weight_mean,
         )
         if self.args.reward_lam is not None and len(self.args.reward_lam) != len(self.reward_funcs):
             raise ValueError(f"reward_lam has {len(self.args.reward_lam)} entries for {len(self.reward_funcs)} "
