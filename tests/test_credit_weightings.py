@@ -158,7 +158,9 @@ def test_config_rejects_unknown_and_contradictory_shapes():
 def test_trainer_config_checks_the_weight_shape(tmp_path):
     from mrtpo.trainer import MRTPOConfig
 
-    config = MRTPOConfig(output_dir=str(tmp_path), weighting="rank", rank_power=2.0, report_to="none")
+    base = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+                num_generations=2)
+    config = MRTPOConfig(**base, weighting="rank", rank_power=2.0)
     assert (config.weighting, config.rank_power, config.weight_mean) == ("rank", 2.0, "response")
     with pytest.raises(ValueError, match="does not apply"):
-        MRTPOConfig(output_dir=str(tmp_path), weighting="rank", weight_mean="batch", report_to="none")
+        MRTPOConfig(**base, weighting="rank", weight_mean="batch")
