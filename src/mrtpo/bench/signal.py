@@ -41,10 +41,11 @@ from mrtpo.cli_help import HelpFormatter
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
 from mrtpo.credit.lift import char_spans_to_tokens
 from mrtpo.credit.signal import (
-    bootstrap_interval,
+    bootstrap_counts,
     cross_gram,
     gram,
     lift_and_mean_square,
+    percentile_interval,
     pooled,
     predicted_gain,
     signal_stats,
@@ -173,41 +174,45 @@ def _config(args, output_dir: Path):
 def summarise(grads: dict[str, torch.Tensor], lifts: dict[str, dict[str, list[list[tuple[float, float]]]]],
               step_norms: dict[str, list[float]], reference: str, resamples: int, max_grad_norm: float | None,
               seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Per method: the signal statistics with bootstrap intervals over groups, the step gradient norm
-    and clip rate, and per reward ``lift``, ``mean_w2``, ``predicted_g`` (with intervals).
+    """Per method: the signal statistics with bootstrap intervals over groups (every method on the same
+    resamples), the step gradient norm and clip rate, and per reward ``lift``, ``mean_w2``,
+    ``predicted_g`` with intervals.
 
     ``grads``: method -> ``(N, P)`` group gradients; ``lifts``: method -> reward -> per group a list of
     ``(ℓ, E[w²])`` per completion; ``step_norms``: method -> pre-clip norm of each step's gradient."""
     n = next(iter(grads.values())).shape[0]
     grams = {m: gram(g) for m, g in grads.items()}
     cross = {m: cross_gram(g, grads[reference]) for m, g in grads.items()}
-    ones = torch.ones(n, dtype=torch.float64)
-    point = signal_stats(grams, cross, reference, ones)
-    out: dict[str, dict[str, Any]] = {}
+
+    def figures(counts: torch.Tensor) -> dict[str, dict[str, float]]:
+        out = signal_stats(grams, cross, reference, counts)
+        for m, per_reward in lifts.items():
+            for name, per_group in per_reward.items():
+                lift = pooled([[v[0] for v in g] for g in per_group], counts)
+                w2 = pooled([[v[1] for v in g] for g in per_group], counts)
+                out[m].update({f"{name}/lift": lift, f"{name}/mean_w2": w2,
+                               f"{name}/predicted_g": predicted_gain(lift, w2)})
+        return out
+
+    point = figures(torch.ones(n, dtype=torch.float64))
+    draws = [figures(c) for c in bootstrap_counts(n, resamples, seed)]
+    result: dict[str, dict[str, Any]] = {}
     for m in grads:
+        ci = {key: percentile_interval([d[m][key] for d in draws]) for key in point[m]}
         row: dict[str, Any] = {}
         for key in ("snr", "snr_excess", "cos_to_ref", "g_eff", "g_eff_excess"):
-            row[key] = point[m][key]
-            row[f"{key}_ci"] = bootstrap_interval(
-                lambda c, m=m, key=key: signal_stats(grams, cross, reference, c)[m][key], n, resamples, seed=seed)
+            row[key], row[f"{key}_ci"] = point[m][key], ci[key]
         norms = step_norms[m]
         row["grad_norm"] = sum(norms) / len(norms)
         row["clip_rate"] = None if max_grad_norm is None else sum(v > max_grad_norm for v in norms) / len(norms)
         row["rewards"] = {}
         for name, per_group in lifts[m].items():
-            def lift(c, per_group=per_group):
-                return pooled([[v[0] for v in g] for g in per_group], c)
-
-            def w2(c, per_group=per_group):
-                return pooled([[v[1] for v in g] for g in per_group], c)
-
-            reward = {"n": sum(len(g) for g in per_group), "lift": lift(ones), "mean_w2": w2(ones)}
-            reward["predicted_g"] = predicted_gain(reward["lift"], reward["mean_w2"])
-            for key, fn in (("lift", lift), ("mean_w2", w2), ("predicted_g", lambda c: predicted_gain(lift(c), w2(c)))):
-                reward[f"{key}_ci"] = bootstrap_interval(fn, n, resamples, seed=seed)
+            reward: dict[str, Any] = {"n": sum(len(g) for g in per_group)}
+            for key in ("lift", "mean_w2", "predicted_g"):
+                reward[key], reward[f"{key}_ci"] = point[m][f"{name}/{key}"], ci[f"{name}/{key}"]
             row["rewards"][name] = reward
-        out[m] = row
-    return out
+        result[m] = row
+    return result
 
 
 def _ci(value: float, ci: tuple[float, float], spec: str = "{:.2f}") -> str:

@@ -112,22 +112,28 @@ def signal_stats(grams: Mapping[str, Tensor], cross: Mapping[str, Tensor], refer
     return out
 
 
+def bootstrap_counts(n: int, resamples: int = 1000, seed: int = 0) -> Tensor:
+    """``(resamples, n)`` float64: how often each of ``n`` groups is drawn in each bootstrap resample."""
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(0, n, (resamples, n), generator=generator)
+    return torch.stack([torch.bincount(d, minlength=n) for d in draws]).to(torch.float64)
+
+
+def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` percentile interval of ``values``; non-finite values are left out."""
+    finite = [v for v in values if v == v and abs(v) != float("inf")]
+    if not finite:
+        return float("nan"), float("nan")
+    ordered = torch.tensor(finite, dtype=torch.float64)
+    tail = (1.0 - level) / 2
+    return float(torch.quantile(ordered, tail)), float(torch.quantile(ordered, 1.0 - tail))
+
+
 def bootstrap_interval(statistic: Callable[[Tensor], float], n: int, resamples: int = 1000, level: float = 0.95,
                        seed: int = 0) -> tuple[float, float]:
     """Percentile interval of ``statistic(counts)`` over ``resamples`` bootstrap resamples of ``n`` groups
     (``counts`` ``(n,)``: how often each group was drawn); non-finite draws are left out."""
-    generator = torch.Generator().manual_seed(seed)
-    values = []
-    for _ in range(resamples):
-        draw = torch.randint(0, n, (n,), generator=generator)
-        value = statistic(torch.bincount(draw, minlength=n).to(torch.float64))
-        if value == value and abs(value) != float("inf"):
-            values.append(value)
-    if not values:
-        return float("nan"), float("nan")
-    ordered = torch.tensor(values, dtype=torch.float64)
-    tail = (1.0 - level) / 2
-    return float(torch.quantile(ordered, tail)), float(torch.quantile(ordered, 1.0 - tail))
+    return percentile_interval([statistic(c) for c in bootstrap_counts(n, resamples, seed)], level)
 
 
 def lift_and_mean_square(weights: Tensor, relevant: Tensor, mask: Tensor) -> tuple[float, float] | None:
@@ -157,6 +163,6 @@ def pooled(values: Sequence[Sequence[float]], counts: Tensor) -> float:
     return total / n if n else float("nan")
 
 
-__all__ = ["bootstrap_interval", "cosine", "cross_gram", "effective_gain", "gram", "lift_and_mean_square",
-           "mean_sq_norm", "pair_mean", "pooled", "predicted_gain", "signal_stats", "snr", "snr_excess",
-           "trace_covariance"]
+__all__ = ["bootstrap_counts", "bootstrap_interval", "cosine", "cross_gram", "effective_gain", "gram",
+           "lift_and_mean_square", "mean_sq_norm", "pair_mean", "percentile_interval", "pooled", "predicted_gain",
+           "signal_stats", "snr", "snr_excess", "trace_covariance"]
