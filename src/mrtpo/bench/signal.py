@@ -277,13 +277,14 @@ def _run(args, argv, trainer, model_name: str) -> int:
     params = [p for p in model.parameters() if p.requires_grad]
     needed = sorted({m for m, _ in methods.values()})
     torch.manual_seed(args.seed)
-    grads = {label: [] for label in methods}
+    size = sum(p.numel() for p in params)  # every group gradient of every method, held once (no stacking copy)
+    grads = {label: torch.zeros(len(examples), size) for label in methods}
     lifts = {label: {name: [] for name in names} for label in methods}
     step_norms = {label: [] for label in methods}
     evidences = [[v.evidence(ex) for v in verifiers] for ex in examples]
     timing = {"sample_and_replay": 0.0, "gradients": 0.0}
     print(f"mrtpo bench signal: {args.task}, model {model_name}, "
-          f"{len(examples)} groups x {g_size}, {step_groups} groups per step, {sum(p.numel() for p in params):,} "
+          f"{len(examples)} groups x {g_size}, {step_groups} groups per step, {size:,} "
           f"trainable parameters, methods {', '.join(methods)}")
     for start in range(0, len(examples), step_groups):
         chunk = range(start, min(start + step_groups, len(examples)))
@@ -309,7 +310,7 @@ def _run(args, argv, trainer, model_name: str) -> int:
                 rows = slice(j * g_size, (j + 1) * g_size)
                 grad = group_gradient(trainer, params, group.contexts[0], group.completions, group.lengths,
                                       advantages[rows], sequence[rows])
-                grads[label].append(grad)
+                grads[label][start + j] = grad
                 tokens = int(group.lengths.sum())
                 step_sum, step_tokens = step_sum + grad * tokens, step_tokens + tokens
                 if relevant[j] is None:
@@ -327,8 +328,7 @@ def _run(args, argv, trainer, model_name: str) -> int:
         print(f"  groups {chunk.start + 1}-{chunk.stop} of {len(examples)} "
               f"({timing['sample_and_replay']:.0f} s sampling and replay, {timing['gradients']:.0f} s gradients)")
     lifts = {m: {k: v for k, v in per.items() if v} for m, per in lifts.items()}
-    stacked = {label: torch.stack(g) for label, g in grads.items()}
-    stats = summarise(stacked, lifts, step_norms, reference, args.bootstrap, trainer.args.max_grad_norm, args.seed)
+    stats = summarise(grads, lifts, step_norms, reference, args.bootstrap, trainer.args.max_grad_norm, args.seed)
     print_table(stats, reference)
     out = args.out or Path("runs/bench") / f"signal-{Path(args.task).stem}.json"
     rows = [{"method": label, "base": methods[label][0],
@@ -339,7 +339,7 @@ def _run(args, argv, trainer, model_name: str) -> int:
                                               "rewards": {k: {"lift": v["lift"], "mean_w2": v["mean_w2"]}
                                                           for k, v in r["rewards"].items()}} for r in rows},
                  reference=reference, groups=len(examples), group_size=g_size, step_groups=step_groups,
-                 model=model_name, parameters=sum(p.numel() for p in params), timing_s=timing,
+                 model=model_name, parameters=size, timing_s=timing,
                  prompts=[e.id for e in examples], settings={k: str(v) for k, v in vars(args).items()})
     return 0
 
