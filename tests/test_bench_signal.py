@@ -13,6 +13,7 @@ from mrtpo.credit.signal import (
     cosine,
     cross_gram,
     gram,
+    group_sums,
     lift_and_mean_square,
     pair_mean,
     pooled,
@@ -106,8 +107,9 @@ def test_lift_mean_square_and_predicted_gain_by_hand():
 
 
 def test_pooled_counts_each_group():
-    assert pooled([[1.0, 2.0], [3.0]], torch.tensor([2.0, 1.0])) == pytest.approx(9 / 5)
-    assert math.isnan(pooled([[], []], torch.ones(2)))
+    sums, sizes = group_sums([[1.0, 2.0], [3.0]])
+    assert pooled(sums, sizes, torch.tensor([2.0, 1.0])) == pytest.approx(9 / 5)  # (1 + 2 + 1 + 2 + 3) / 5
+    assert math.isnan(pooled(*group_sums([[], []]), torch.ones(2)))
 
 
 def test_method_configs_variants_and_their_credit_settings():

@@ -44,6 +44,7 @@ from mrtpo.credit.signal import (
     bootstrap_counts,
     cross_gram,
     gram,
+    group_sums,
     lift_and_mean_square,
     percentile_interval,
     pooled,
@@ -184,12 +185,16 @@ def summarise(grads: dict[str, torch.Tensor], lifts: dict[str, dict[str, list[li
     grams = {m: gram(g) for m, g in grads.items()}
     cross = {m: cross_gram(g, grads[reference]) for m, g in grads.items()}
 
+    sums = {(m, name): (group_sums([[v[0] for v in g] for g in per_group]),
+                        group_sums([[v[1] for v in g] for g in per_group]))
+            for m, per_reward in lifts.items() for name, per_group in per_reward.items()}
+
     def figures(counts: torch.Tensor) -> dict[str, dict[str, float]]:
         out = signal_stats(grams, cross, reference, counts)
         for m, per_reward in lifts.items():
-            for name, per_group in per_reward.items():
-                lift = pooled([[v[0] for v in g] for g in per_group], counts)
-                w2 = pooled([[v[1] for v in g] for g in per_group], counts)
+            for name in per_reward:
+                (lift_sums, sizes), (w2_sums, _) = sums[(m, name)]
+                lift, w2 = pooled(lift_sums, sizes, counts), pooled(w2_sums, sizes, counts)
                 out[m].update({f"{name}/lift": lift, f"{name}/mean_w2": w2,
                                f"{name}/predicted_g": predicted_gain(lift, w2)})
         return out

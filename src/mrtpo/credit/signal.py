@@ -156,13 +156,18 @@ def predicted_gain(lift: float, mean_square: float) -> float:
     return float("nan") if mean_square <= 0 else lift ** 2 / mean_square
 
 
-def pooled(values: Sequence[Sequence[float]], counts: Tensor) -> float:
-    """Mean of all values, each group's list ``values[i]`` counted ``counts[i]`` times (NaN when empty)."""
-    total = sum(float(c) * sum(v) for c, v in zip(counts, values))
-    n = sum(float(c) * len(v) for c, v in zip(counts, values))
-    return total / n if n else float("nan")
+def group_sums(values: Sequence[Sequence[float]]) -> tuple[Tensor, Tensor]:
+    """``(sums, sizes)`` ``(N,)`` float64 of each group's list of values (what :func:`pooled` weighs)."""
+    return (torch.tensor([sum(v) for v in values], dtype=torch.float64),
+            torch.tensor([len(v) for v in values], dtype=torch.float64))
 
 
-__all__ = ["bootstrap_counts", "bootstrap_interval", "cosine", "cross_gram", "effective_gain", "gram",
+def pooled(sums: Tensor, sizes: Tensor, counts: Tensor) -> float:
+    """Mean of all values with each group's ``sums[i]`` / ``sizes[i]`` counted ``counts[i]`` times (NaN when empty)."""
+    n = float(counts.to(torch.float64) @ sizes)
+    return float(counts.to(torch.float64) @ sums) / n if n else float("nan")
+
+
+__all__ = ["bootstrap_counts", "bootstrap_interval", "cosine", "cross_gram", "effective_gain", "gram", "group_sums",
            "lift_and_mean_square", "mean_sq_norm", "pair_mean", "percentile_interval", "pooled", "predicted_gain",
            "signal_stats", "snr", "snr_excess", "trace_covariance"]
