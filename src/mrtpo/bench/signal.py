@@ -212,9 +212,11 @@ def summarise(grads: dict[str, torch.Tensor], lifts: dict[str, dict[str, list[li
         row["clip_rate"] = None if max_grad_norm is None else sum(v > max_grad_norm for v in norms) / len(norms)
         row["rewards"] = {}
         for name, per_group in lifts[m].items():
-            reward: dict[str, Any] = {"n": sum(len(g) for g in per_group)}
-            for key in ("lift", "mean_w2", "predicted_g"):
-                reward[key], reward[f"{key}_ci"] = point[m][f"{name}/{key}"], ci[f"{name}/{key}"]
+            groups = sum(bool(g) for g in per_group)
+            reward: dict[str, Any] = {"n": sum(len(g) for g in per_group), "groups": groups}
+            for key in ("lift", "mean_w2", "predicted_g"):  # one group with values: no interval over groups
+                reward[key] = point[m][f"{name}/{key}"]
+                reward[f"{key}_ci"] = ci[f"{name}/{key}"] if groups > 1 else (float("nan"), float("nan"))
             row["rewards"][name] = reward
         result[m] = row
     return result
