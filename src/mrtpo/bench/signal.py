@@ -273,9 +273,9 @@ def _run(args, argv, trainer, model_name: str) -> int:
     verifiers = task.verifiers()
     names = [v.name for v in verifiers]
     render = prompt_renderer(task, tok)
-    candidates = task.load("train", None if not hasattr(task, "may_have_checked_spans") else 50 * args.groups)
-    examples = [e for e in candidates if not hasattr(task, "may_have_checked_spans") or task.may_have_checked_spans(e)]
-    examples = examples[: args.groups]
+    filtered = hasattr(task, "may_have_checked_spans")  # prompts that can have a checked span, as bench lift picks
+    candidates = task.load("train", 50 * args.groups if filtered else args.groups)
+    examples = [e for e in candidates if not filtered or task.may_have_checked_spans(e)][: args.groups]
     if len(examples) < 2:
         print(f"mrtpo bench signal: {len(examples)} usable {args.task} train examples; need at least 2",
               file=sys.stderr)
