@@ -146,6 +146,26 @@ def test_relevant_mask_is_the_gym_ground_truth():
     assert not mask[0, :, 11:].any()
 
 
+def test_relevant_mask_maps_a_real_tasks_checked_spans_to_tokens():
+    from mrtpo.bench.signal import relevant_mask
+
+    class Tokenizer:
+        pieces = ["He", "llo", " wor", "ld", "!"]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(self.pieces[i] for i in ids)
+
+    class Task:
+        def checked_spans(self, example, text):
+            assert text == "Hello world!"
+            return [("kw", "keyword", [(6, 11)])]  # "world": the tokens " wor" and "ld"
+
+    mask = relevant_mask(Task(), None, ["len", "kw"], ["Hello world!"], [[0, 1, 2, 3, 4]], 6, Tokenizer())
+    assert mask[0, 1].tolist() == [False, False, True, True, False, False]
+    assert not mask[0, 0].any()
+    assert relevant_mask(object(), None, ["kw"], ["x"], [[0]], 1, None) is None  # a task that knows nothing
+
+
 def _gym_args(tmp_path, *extra):
     return ["--task", "gym-constraints", "--groups", "4", "--step-groups", "2", "--bootstrap", "20",
             "--out", str(tmp_path / "signal.json"), "num_generations=4", "per_device_train_batch_size=8",
