@@ -17,7 +17,7 @@ from mrtpo.machine import machine_info
 BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
                               "learn": "mrtpo.bench.learn", "lift": "mrtpo.bench.lift", "gym": "mrtpo.bench.gym",
                               "gpu": "mrtpo.bench.gpu", "replay": "mrtpo.bench.replay_floor",
-                              "step": "mrtpo.bench.step"}
+                              "step": "mrtpo.bench.step", "signal": "mrtpo.bench.signal"}
 
 
 def add_batch_arguments(parser, *, prompts: int, group_size: int = 4, max_new_tokens: int | None) -> None:
@@ -60,14 +60,16 @@ class WeighedGroup:
     placements: list[str]  # placement of each counterfactual
     present: list[str]  # names of the rewards with evidence, in context order
     weights: dict[str, Any]  # method -> (G, K, T) token weights (the ones training uses)
+    maps: dict[str, Any]  # the replay's maps in CreditBatch fields (mrtpo.replay_plan.ReplayPlan.scatter)
 
 
 def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, group_size: int, max_new_tokens: int,
-                     config=None, kind: str = "js", decoys=None) -> WeighedGroup:
+                     config=None, kind: str = "js", decoys=None, temperature: float = 1.0) -> WeighedGroup:
     """Sample ``group_size`` completions of ``example``, replay them once under every context the
     methods need (:mod:`mrtpo.replay_plan`; always each reward's counterfactual) and give every
     method's token weights. ``decoys``: each reward's decoy evidence (another example's), for the
-    methods that contrast with one; ``None``: no decoy, their maps are the plain ones."""
+    methods that contrast with one; ``None``: no decoy, their maps are the plain ones. ``temperature``:
+    of the sampling and of the replay's distributions (training's ``temperature``)."""
     import torch
 
     from mrtpo.credit import CreditBatch, CreditConfig, get_method
@@ -79,7 +81,7 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     names = [v.name for v in verifiers]
-    comps, lengths = sample_group(model, tokenizer, ids_of(render(example)), group_size, max_new_tokens)
+    comps, lengths = sample_group(model, tokenizer, ids_of(render(example)), group_size, max_new_tokens, temperature)
     texts = [tokenizer.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
     rewards = torch.tensor([[float("nan") if (r := v(t, example)) is None else float(r) for v in verifiers]
                             for t in texts])
@@ -89,12 +91,12 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
                         decoys=None if decoys is None else [list(decoys)])
     (group,) = plan.groups
     contexts = example_contexts(group, example, names, render, ids_of)
-    maps = run_replay_plan(model, plan, lambda _: contexts, comps, lengths, kind=kind)
+    maps = run_replay_plan(model, plan, lambda _: contexts, comps, lengths, kind=kind, temperature=temperature)
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
     batch = CreditBatch(rewards, g, mask, **maps)
     weights = {m: get_method(m).weights(batch, config or CreditConfig()) for m in methods}
     present = [names[cf.rewards[0]] for cf in group.counterfactuals if cf.rule == EACH]
-    return WeighedGroup(comps, lengths, texts, rewards, contexts, group.placements, present, weights)
+    return WeighedGroup(comps, lengths, texts, rewards, contexts, group.placements, present, weights, maps)
 
 
 def write_record(out: Path, benchmark: str, command: str, rows: list[dict], **extra: Any) -> dict:

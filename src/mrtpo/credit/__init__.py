@@ -47,7 +47,16 @@ from mrtpo.credit.relevance import (
     paired_relevance,
     relevance,
 )
-from mrtpo.credit.weights import MIN_MEAN_RELEVANCE, relevance_weights
+from mrtpo.credit.weights import (
+    MIN_MEAN_RELEVANCE,
+    MODERATE_LAM,
+    MODERATE_W_MAX,
+    WEIGHT_MEANS,
+    WEIGHTINGS,
+    batch_mean_weights,
+    rank_weights,
+    relevance_weights,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -57,6 +66,12 @@ __all__ = [
     "JS_DISTANCE_MAX",
     "MIN_BATCH_STD",
     "MIN_MEAN_RELEVANCE",
+    "MODERATE_LAM",
+    "MODERATE_W_MAX",
+    "WEIGHT_MEANS",
+    "WEIGHTINGS",
+    "batch_mean_weights",
+    "rank_weights",
     "DEFAULT_LAM",
     "DEFAULT_W_MAX",
     "NEEDS",

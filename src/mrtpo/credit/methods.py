@@ -6,8 +6,9 @@ the contexts each ``needs`` kind replays are a row of :data:`mrtpo.replay_plan.C
 plan fills the batch's maps.
 
     method = get_method(config.method)
-    plan = plan_replays(groups, evidences, lengths, method.needs)   # mrtpo.replay_plan
-    advantages = method(CreditBatch(rewards, g, mask, **plan.scatter(results, t)), credit_config)   # (N, T)
+    plan = plan_replays(groups, evidences, lengths, method.needs)           # mrtpo.replay_plan
+    maps = run_replay_plan(model, plan, contexts_of, completions, lengths)  # mrtpo.replay
+    advantages = method(CreditBatch(rewards, g, mask, **maps), credit_config)   # (N, T)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor
 
 from mrtpo.credit.advantages import gdpo_advantages, grpo_advantages, token_advantages
-from mrtpo.credit.weights import relevance_weights
+from mrtpo.credit.weights import WEIGHT_MEANS, WEIGHTINGS, batch_mean_weights, rank_weights, relevance_weights
 
 #: What a method's weights read; a new kind also needs its row in ``mrtpo.replay_plan.CONTEXT_RULES``.
 NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy", "contrastive")
@@ -44,6 +45,27 @@ class CreditConfig:
     w_max: float | None = None  # cap on one token's weight, then renormalise (None: no cap)
     batch_norm: bool = True  # GDPO step 3: normalise sequence scores over the global batch
     reward_weights: Sequence[float] | None = None  # ω_k, default all 1
+    weighting: str = "relevance"  # "relevance": ∝ the map (λ-mixed); "rank": by rank in the response (weights.py)
+    rank_power: float = 1.0  # rank weighting's profile ((i + ½) / n) ** rank_power
+    weight_mean: str = "response"  # the map is divided by its mean over the "response" or the whole "batch"
+
+    def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        if self.weight_mean not in WEIGHT_MEANS:
+            raise ValueError(f"weight_mean must be one of {WEIGHT_MEANS}, got {self.weight_mean!r}")
+        if self.rank_power <= 0:
+            raise ValueError(f"rank_power must be > 0, got {self.rank_power}")
+        if self.weighting == "rank" and self.weight_mean == "batch":
+            raise ValueError("weighting 'rank' ranks tokens within their response; weight_mean 'batch' does not apply")
+
+    def shape(self, distance: Tensor, mask: Tensor, lam: float) -> Tensor:
+        """``(B, T)`` weights of one map ``distance`` ``(B, T)`` under this config's shape (with ``lam``)."""
+        if self.weighting == "rank":
+            return rank_weights(distance, mask, lam, self.rank_power, self.w_max)
+        if self.weight_mean == "batch":
+            return batch_mean_weights(distance, mask, lam, self.w_max)
+        return relevance_weights(distance, mask, lam, self.w_max)
 
 
 @dataclass
@@ -182,7 +204,9 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
     entry when set, so one reward may concentrate while another stays near uniform); ``contrastive``:
     the same on ``max(relevance − decoy_relevance, 0)``, what the response reacts to in this prompt's
     evidence beyond what it reacts to in any evidence of that reward; ``joint`` / ``entropy``:
-    one shared map for every reward; ``none``: uniform. Masked positions are 0.
+    one shared map for every reward; ``none``: uniform. Masked positions are 0. The map's shape is
+    ``config.shape`` (:mod:`mrtpo.credit.weights`); under ``weight_mean="batch"`` the batch is the rows
+    whose map was computed (``has_evidence``; for one shared map, the rows where it is not all 0).
     """
     n, k = batch.local_rewards().shape
     t = batch.mask.shape[1]
@@ -200,12 +224,13 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
         lams = _per_reward_lam(config, k)
         for i in range(k):
             if has[:, i].any():
-                w = relevance_weights(relevance[:, i], batch.mask, lams[i], config.w_max)
+                w = config.shape(relevance[:, i], batch.mask * has[:, i].unsqueeze(1), lams[i])
                 weights[has[:, i], i] = w[has[:, i]]
     elif needs in ("joint", "entropy"):
         what = "joint relevance (N, T)" if needs == "joint" else "the policy's per-token entropy (N, T)"
         token_map = _require(batch.joint_relevance if needs == "joint" else batch.entropy, what, needs)
-        weights = relevance_weights(token_map, batch.mask, config.lam, config.w_max)
+        mapped = batch.mask * (token_map != 0).any(1, keepdim=True) if config.weight_mean == "batch" else batch.mask
+        weights = torch.where(mapped.bool(), config.shape(token_map, mapped, config.lam), batch.mask.float())
         weights = weights.unsqueeze(1).expand(n, k, t).clone()
     return weights
 

@@ -11,7 +11,14 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER
-from mrtpo.credit import DEFAULT_LAM, DEFAULT_W_MAX, RELEVANCE_KINDS, available_methods, get_method
+from mrtpo.credit import (
+    DEFAULT_LAM,
+    DEFAULT_W_MAX,
+    RELEVANCE_KINDS,
+    CreditConfig,
+    available_methods,
+    get_method,
+)
 from mrtpo.validation import check_trainer_numbers
 
 #: Loss settings whose objective is built on one advantage (or ratio) per sequence.
@@ -53,7 +60,16 @@ class MRTPOConfig(GRPOConfig):
     reward_lam: list[float] | None = _setting(None, (
         "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); "
         "None: lam for all"))
-    w_max: float | None = _setting(DEFAULT_W_MAX, "cap on one token's weight (then renormalised); None: no cap")
+    w_max: float | None = _setting(DEFAULT_W_MAX, (
+        "cap on one token's weight (then renormalised); None: no cap. The moderate cap: lam 0.5, w_max 3 "
+        "(weights in [0.5, 3])"))
+    weighting: str = _setting("relevance", (
+        "token weight shape: relevance (proportional to the map, mixed by lam) or rank (by the token's rank "
+        "in its response: E[w^2] fixed by construction)"))
+    rank_power: float = _setting(1.0, "rank weighting's profile ((i + 1/2) / n) ** rank_power (1: a line 0..2)")
+    weight_mean: str = _setting("response", (
+        "divide a map by its mean over the response (mean weight 1 per response) or over the batch "
+        "(mean 1 over the batch only; a response's tokens then need not average to its sequence advantage)"))
     relevance_chunk_size: int | None = _setting(None, "positions per relevance chunk; None: auto")
     relevance_top_k: int | None = _setting(None, "top-k approximation of the JS sum; None: exact")
     replay_micro_batch: int | None = _setting(None, (
@@ -100,6 +116,8 @@ class MRTPOConfig(GRPOConfig):
             raise ValueError(f"w_max must be >= 1 (weights average to 1) or None, got {self.w_max}")
         if self.reward_lam is not None and not all(0.0 <= float(v) <= 1.0 for v in self.reward_lam):
             raise ValueError(f"every reward_lam entry must be in [0, 1], got {list(self.reward_lam)}")
+        # the weight shape's own checks (a wrong weighting, weight_mean or rank_power fails here)
+        CreditConfig(weighting=self.weighting, rank_power=self.rank_power, weight_mean=self.weight_mean)
         if self.relevance_chunk_size is not None and self.relevance_chunk_size < 1:
             raise ValueError(f"relevance_chunk_size must be >= 1 or None, got {self.relevance_chunk_size}")
         if self.replay_micro_batch is not None and self.replay_micro_batch < 1:

@@ -65,7 +65,7 @@ from mrtpo.replay_plan import (
     plan_replays,
 )
 from mrtpo.reward_calls import check_reward_calls
-from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
+from mrtpo.rewards import VerifierReward, checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer.card import ModelCardMixin
 from mrtpo.trainer.config import (
@@ -76,7 +76,16 @@ from mrtpo.trainer.config import (
     ZERO_ADVANTAGE_KEY,
     MRTPOConfig,
 )
-from mrtpo.trainer.metrics import MetricsJSONL, append_samples, credit_metric_keys, credit_metric_sums, peak_memory_gib
+from mrtpo.trainer.metrics import (
+    MetricsJSONL,
+    append_samples,
+    credit_metric_keys,
+    credit_metric_sums,
+    peak_memory_gib,
+    predicted_gains,
+    signal_metric_keys,
+    signal_metric_sums,
+)
 from mrtpo.trainer.update_rows import rows_that_move
 from mrtpo.validation import check_train_dataset
 from mrtpo.verifiers import Evidence
@@ -105,6 +114,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self.credit_config = CreditConfig(
             lam=self.args.lam, w_max=self.args.w_max, batch_norm=self.args.credit_batch_norm,
             reward_weights=self.reward_weights.tolist(), reward_lam=self.args.reward_lam,
+            weighting=self.args.weighting, rank_power=self.args.rank_power, weight_mean=self.args.weight_mean,
         )
         if self.args.reward_lam is not None and len(self.args.reward_lam) != len(self.reward_funcs):
             raise ValueError(f"reward_lam has {len(self.args.reward_lam)} entries for {len(self.reward_funcs)} "
@@ -229,7 +239,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
     def _replay(self, inputs: list[dict], out: dict, coefficients: Tensor | None = None) -> dict[str, Tensor | None]:
         """Relevance maps for this process's completions, as the credit method needs them.
 
-        Completions of the same prompt are replayed together (:func:`batch_relevance`): each
+        Completions of the same prompt are replayed together (:func:`mrtpo.replay.batch_relevance`): each
         context's prompt is encoded once per pass, its KV cache shared by the group's completions,
         and up to ``replay_groups_per_pass`` groups share a pass's three forward calls.
         ``coefficients`` ``(B, K)``: each completion's reward coefficients ``ω_k Â[j,k]``; a map that
@@ -442,12 +452,36 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         keys = credit_metric_keys(self.reward_func_names)
         local = credit_metric_sums(weights, lengths, self.reward_func_names, skipped=maps.get("skipped"),
                                    relevance=maps.get("relevance"), has_evidence=maps.get("has_evidence"))
+        relevant = self._known_positions(inputs, out, lengths)
+        if relevant is not None:  # lift, E[w²] and predicted G on the tokens each reward is known to read
+            keys = keys + signal_metric_keys(self.reward_func_names)
+            local = torch.cat([local, signal_metric_sums(weights, relevant, lengths, self.reward_func_names,
+                                                         skipped=maps.get("skipped"))])
         summed = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, len(keys), 2).sum(0).cpu()
-        for key, (total, count) in zip(keys, summed.tolist()):
-            if count > 0:
-                self._metrics["train"][key].append(total / count)
+        means = {key: total / count for key, (total, count) in zip(keys, summed.tolist()) if count > 0}
+        means.update(predicted_gains(means, self.reward_func_names))
+        for key, value in means.items():
+            self._metrics["train"][key].append(value)
         if self.args.credit_samples and self.accelerator.is_main_process:
             self._write_credit_samples(inputs, out, batch, weights, advantages, maps)
+
+    def _known_positions(self, inputs, out, lengths: list[int]) -> Tensor | None:
+        """``(B, K, T)`` bool: the tokens each reward is known to read, from the ground truth of verifiers
+        that report it (``verifier.positions(words, example)``: the gym's, whose tokens are words, so word
+        ``i`` is token ``i``); ``None`` when no reward does."""
+        known = [f if isinstance(f, VerifierReward) and callable(getattr(f.verifier, "positions", None)) else None
+                 for f in self.reward_funcs]
+        if not any(known):
+            return None
+        ids = out["completion_ids"].cpu()
+        relevant = torch.zeros(len(lengths), len(known), ids.shape[1], dtype=torch.bool)
+        for j, (row, n) in enumerate(zip(inputs, lengths)):
+            words = self.processing_class.decode(ids[j, :n].tolist(), skip_special_tokens=True).split()
+            for k, f in enumerate(known):
+                if f is not None:
+                    example = f.examples[row["example_id"]]
+                    relevant[j, k, [p for p in f.verifier.positions(words, example) if p < n]] = True
+        return relevant
 
     def _write_credit_samples(self, inputs, out, batch, weights, advantages, maps) -> None:
         """Append this step's first ``credit_samples`` completions to ``credit_samples.jsonl``, each with

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 from transformers import TrainerCallback
 
+from mrtpo.credit.signal import lift_and_mean_square, predicted_gain
+
 
 class MetricsJSONL(TrainerCallback):
     """Writes every log line as JSON to ``<output_dir>/metrics.jsonl`` (appends across resumes).
@@ -202,6 +204,43 @@ def credit_metric_sums(weights: Tensor, lengths: Sequence[int], names: Sequence[
     return sums
 
 
+def signal_metric_keys(names: Sequence[str]) -> list[str]:
+    """Per reward, the lift ``ℓ`` and ``E[w²]`` on its known relevant tokens (:func:`signal_metric_sums`),
+    then ``predicted_g`` (:func:`predicted_gains`, from the global means)."""
+    return [f"credit/{n}/{m}" for n in names for m in ("lift", "mean_w2")]
+
+
+def signal_metric_sums(weights: Tensor, relevant: Tensor, lengths: Sequence[int], names: Sequence[str], *,
+                       skipped: Tensor | None = None) -> Tensor:
+    """``(2K, 2)`` float64 ``(sum, count)`` of each reward's ``ℓ`` and ``E[w²]`` over this process's
+    completions (:func:`mrtpo.credit.signal.lift_and_mean_square`), in :func:`signal_metric_keys` order.
+
+    ``weights`` ``(B, K, T)``; ``relevant`` ``(B, K, T)`` bool, the tokens each reward is known to read;
+    ``lengths`` the ``B`` completion lengths; ``skipped`` ``(B, K)``: pairs whose map was not computed
+    (a zero coefficient: their weights cannot act), left out. A pair counts where its lift is defined.
+    """
+    sums = torch.zeros(2 * len(names), 2, dtype=torch.float64)
+    for b, n in enumerate(lengths):
+        for i in range(len(names)):
+            if skipped is not None and bool(skipped[b, i]):
+                continue
+            got = lift_and_mean_square(weights[b, i, :n].detach(), relevant[b, i, :n], torch.ones(n))
+            if got is not None:
+                sums[2 * i: 2 * i + 2, 0] += torch.tensor(got, dtype=torch.float64)
+                sums[2 * i: 2 * i + 2, 1] += 1
+    return sums
+
+
+def predicted_gains(means: dict[str, float], names: Sequence[str]) -> dict[str, float]:
+    """``credit/<reward>/predicted_g = ℓ² / E[w²]`` from the means of :func:`signal_metric_keys` (where both are)."""
+    out = {}
+    for n in names:
+        lift, w2 = means.get(f"credit/{n}/lift"), means.get(f"credit/{n}/mean_w2")
+        if lift is not None and w2 is not None:
+            out[f"credit/{n}/predicted_g"] = predicted_gain(lift, w2)
+    return out
+
+
 def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[str], rewards: Sequence[float],
                   token_ids: Sequence[int], tokens: Sequence[str], weights: Tensor, advantage: Tensor,
                   relevance: Tensor | None = None, no_spread: Sequence[bool] | None = None) -> dict[str, Any]:
@@ -244,4 +283,5 @@ def append_samples(path: Path, rows: Sequence[dict], completion_ids: Tensor, mas
 
 
 __all__ = ["MetricsJSONL", "append_jsonl", "append_samples", "credit_metric_keys", "credit_metric_sums",
-           "credit_sample", "json_line", "peak_memory_gib", "trim_jsonl", "DECILE_KEYS"]
+           "credit_sample", "json_line", "peak_memory_gib", "predicted_gains", "signal_metric_keys",
+           "signal_metric_sums", "trim_jsonl", "DECILE_KEYS"]

@@ -32,7 +32,8 @@ PER_RUN_KEYS = ("method", "seed", "output_dir")
 #: Settings only a method that replays reads (the weight shape, the relevance): a finished run of a
 #: method with ``needs="none"`` (gdpo, grpo) stays valid when they change, e.g. with the default shape.
 REPLAY_ONLY_KEYS = ("lam", "reward_lam", "w_max", "relevance", "relevance_chunk_size", "relevance_top_k",
-                    "privileged_header", "replay_micro_batch", "replay_groups_per_pass")
+                    "privileged_header", "replay_micro_batch", "replay_groups_per_pass", "weighting", "rank_power",
+                    "weight_mean")
 #: Evaluation settings a finished run must share with the current invocation to be kept.
 EVAL_KEYS = ("eval_every", "eval_size", "eval_batch_size", "eval_max_new_tokens")
 #: Keys of a preset's ``bench:`` section.
