@@ -1,6 +1,6 @@
 # The README's two commands. Both set up the environment first (idempotent).
 VENV ?= .venv
-.PHONY: setup run demo test test-slow lint bench
+.PHONY: setup run demo test test-slow lint format bench
 
 setup:
 	bash scripts/setup.sh
@@ -19,6 +19,10 @@ test-slow: setup
 
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts examples
+	$(VENV)/bin/ruff format --check src tests scripts examples
+
+format: setup
+	$(VENV)/bin/ruff format src tests scripts examples
 
 bench: setup
 	$(VENV)/bin/mrtpo bench relevance
