@@ -82,15 +82,16 @@ def test_dry_run_prints_the_pending_runs_and_writes_nothing(tmp_path):
     digests, runs = tmp_path / "digests", tmp_path / "runs"
     (digests / "cpu").mkdir(parents=True)
     (digests / "cpu" / "tune-gdpo-lr1e-5-seed100.json").write_text(json.dumps({"learning_rate": 1e-5}))
-    r = subprocess.run([sys.executable, str(SCRIPT), "run", "--dry-run", "--digests", str(digests), "--runs", str(runs)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+    command = [sys.executable, str(SCRIPT), "run", "--dry-run", "--digests", str(digests), "--runs", str(runs)]
+    r = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if "bench learn" in line]
     assert len(lines) == 11  # the 12 tuning runs less the one whose digest exists; verdict runs wait
     assert "tune-gdpo-lr1e-5-seed100" not in r.stdout and "tune-gdpo-lr1e-5-seed101" in lines[0]
     assert "--methods gdpo --seeds 101" in lines[0] and "learning_rate=1e-05" in lines[0]
-    assert not runs.exists() and sorted(p.name for p in (digests / "cpu").iterdir()) == ["tune-gdpo-lr1e-5-seed100.json"]
+    assert not runs.exists()
+    assert sorted(p.name for p in (digests / "cpu").iterdir()) == ["tune-gdpo-lr1e-5-seed100.json"]
 
 
 def test_digest_of_a_run_folder(rv, tmp_path):
@@ -113,7 +114,8 @@ def test_digest_of_a_run_folder(rv, tmp_path):
         return next(c["kwargs"][key] for c in e.gold["constraints"] if c["id"] == cid)
 
     def meets_all(e):
-        return f"{' '.join(kw(e, 'keywords:existence', 'keywords'))}.\n\n{kw(e, 'detectable_content:postscript', 'postscript_marker')} ok"
+        words = " ".join(kw(e, "keywords:existence", "keywords"))
+        return f"{words}.\n\n{kw(e, 'detectable_content:postscript', 'postscript_marker')} ok"
 
     forbidden = kw(held[1], "keywords:forbidden_words", "forbidden_words")[0]
     outputs = [{"step": 0, "id": held[0].id, "output": "nothing"},  # only the forbidden-word constraint
@@ -160,3 +162,15 @@ def test_presets_resolve_to_the_designs_shape(rv, machine):
     task = get_task(design["task"], **train["task_args"])
     examples = task.load("train", limit=6)
     assert all({c["id"] for c in e.gold["constraints"]} == set(train["task_args"]["classes"]) for e in examples)
+
+
+def test_gpu_check_runs_the_verdict_on_the_gpu_preset(tmp_path):
+    """``scripts/gpu_check.sh --verdict`` hands its arguments to the script with the GPU preset."""
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--verdict", "--dry-run", "--limit", "2",
+                        "--digests", str(tmp_path / "d"), "--runs", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=120,
+                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if "bench learn" in line]
+    assert len(lines) == 2 and all("real-verdict-gpu.yaml" in line for line in lines)
+    assert "--output-dir " + str(tmp_path / "r" / "gpu" / "tune-gdpo-lr1e-5-seed100") in lines[0]
