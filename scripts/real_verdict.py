@@ -4,6 +4,7 @@ rest can continue on another machine (docs/results/2026-12-07-real-verdict-plan.
 
     python scripts/real_verdict.py plan [--machine cpu]            # every run and its status
     python scripts/real_verdict.py run [--machine cpu] [--limit N] [--commit] [--dry-run]
+    python scripts/real_verdict.py compare [--machine cpu]         # the plan's measures on the digests so far
     python scripts/real_verdict.py base-rates --model smollm2-135m [--classes local] [--prompts 16]
 
 The design (methods, seeds, learning-rate grid) is configs/real-verdict.yaml; the shape of a run is
@@ -237,6 +238,57 @@ def cmd_run(args, design) -> int:
     return 0
 
 
+def compare(design: dict[str, Any], digests: dict[str, dict]) -> dict[str, Any]:
+    """The plan's measures over the verdict digests so far: per role against its reference (treatment
+    and GDPO; treatment and the control; the oracle and the treatment), the per-seed differences of
+    held-out AUC and of final held-out satisfaction, paired over the seeds both have
+    (``paired_comparison``: mean, 95 % t interval, sign-flip p), and the plan's verdict on the
+    primary measure (provisional below the design's number of seeds)."""
+    from mrtpo.bench.learn.stats import paired_comparison
+
+    by_role: dict[str, dict[int, dict]] = {}
+    for d in digests.values():
+        if d.get("phase") == "verdict":
+            by_role.setdefault(d["role"], {})[d["seed"]] = d
+    out: dict[str, Any] = {}
+    for name, role, reference in (("treatment-gdpo", "treatment", "baseline"),
+                                  ("treatment-control", "treatment", "control"),
+                                  ("oracle-treatment", "oracle", "treatment")):
+        a, b = by_role.get(role, {}), by_role.get(reference, {})
+        out[name] = {
+            "auc": paired_comparison({s: d["held_out_auc"] for s, d in a.items()},
+                                     {s: d["held_out_auc"] for s, d in b.items()}),
+            "final": paired_comparison({s: d["held_out"][-1]["satisfaction"] for s, d in a.items() if d["held_out"]},
+                                       {s: d["held_out"][-1]["satisfaction"] for s, d in b.items() if d["held_out"]}),
+        }
+    primary = out["treatment-gdpo"]["auc"]
+    low, high = primary["ci95"] if primary["ci95"] else (None, None)
+    if low is None:
+        verdict = "no verdict: fewer than two pairs"
+    elif low > 0:
+        verdict = "token credit wins"
+    elif high < 0:
+        verdict = "GDPO wins"
+    else:
+        verdict = f"tie: the gains the seeds do not rule out lie in [{low:+.3f}, {high:+.3f}]"
+    if primary["n"] < len(design["seeds"]):
+        verdict += f" (provisional: {primary['n']} of {len(design['seeds'])} pairs)"
+    out["verdict"] = verdict
+    return out
+
+
+def cmd_compare(args, design) -> int:
+    result = compare(design, read_digests(args.digests / args.machine))
+    for name in ("treatment-gdpo", "treatment-control", "oracle-treatment"):
+        for measure in ("auc", "final"):
+            c = result[name][measure]
+            ci = "-" if not c["ci95"] else f"[{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]"
+            mean = "-" if c["mean_difference"] is None else f"{c['mean_difference']:+.3f}"
+            print(f"{name:<18} held-out {measure:<5} n {c['n']}: {mean} {ci}")
+    print(result["verdict"])
+    return 0
+
+
 def cmd_base_rates(args) -> int:
     """How often the starting model meets each class, sampled as training samples (temperature 1)."""
     import torch
@@ -291,7 +343,7 @@ def _lr_overrides(values: list[str]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("plan", "run"):
+    for name in ("plan", "run", "compare"):
         s = sub.add_parser(name)
         s.add_argument("--machine", default="cpu", help="a preset named in the design's presets (cpu, gpu)")
         s.add_argument("--design", type=Path, default=DESIGN)
@@ -321,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     design = read_design(args.design)
     if args.machine not in design["presets"]:
         p.error(f"--machine must be one of {sorted(design['presets'])}")
-    return cmd_plan(args, design) if args.command == "plan" else cmd_run(args, design)
+    return {"plan": cmd_plan, "run": cmd_run, "compare": cmd_compare}[args.command](args, design)
 
 
 if __name__ == "__main__":

@@ -174,3 +174,25 @@ def test_gpu_check_runs_the_verdict_on_the_gpu_preset(tmp_path):
     lines = [line for line in r.stdout.splitlines() if "bench learn" in line]
     assert len(lines) == 2 and all("real-verdict-gpu.yaml" in line for line in lines)
     assert "--output-dir " + str(tmp_path / "r" / "gpu" / "tune-gdpo-lr1e-5-seed100") in lines[0]
+
+
+def test_compare_pairs_by_seed_and_applies_the_rule(rv):
+    design = rv.read_design()
+
+    def d(role, seed, auc, final):
+        return {"phase": "verdict", "role": role, "seed": seed, "held_out_auc": auc,
+                "held_out": [{"satisfaction": 0.0}, {"satisfaction": final}]}
+
+    digests = {}
+    for seed, (g, t) in enumerate(((0.30, 0.40), (0.20, 0.26), (0.25, 0.33))):  # differences 0.10, 0.06, 0.08
+        digests[f"g{seed}"], digests[f"t{seed}"] = d("baseline", seed, g, g), d("treatment", seed, t, t)
+    digests["t9"] = d("treatment", 9, 0.9, 0.9)  # no GDPO partner: left out
+    result = rv.compare(design, digests)
+    auc = result["treatment-gdpo"]["auc"]
+    assert auc["n"] == 3 and auc["mean_difference"] == pytest.approx(0.08)
+    half = 4.302653 * 0.02 / 3 ** 0.5  # t(0.975, 2) x sd 0.02 / sqrt(3)
+    assert auc["ci95"] == pytest.approx([0.08 - half, 0.08 + half], rel=1e-4)
+    assert result["verdict"] == "token credit wins (provisional: 3 of 8 pairs)"
+    assert result["treatment-control"]["auc"]["n"] == 0
+    digests["t1"] = d("treatment", 1, 0.05, 0.05)  # differences 0.10, -0.15, 0.08: the interval spans 0
+    assert rv.compare(design, digests)["verdict"].startswith("tie: the gains the seeds do not rule out lie in [")
