@@ -10,8 +10,8 @@ keeps the same model and the same distribution, and pays that once per call inst
 2. every new token runs one decode step written here from the model's own modules and weights: its
    embedding, norms' weights, linear layers and rotary frequencies, the frozen base weights folded
    once per model and kept while they do not change; a LoRA adapter's factors are read every call and
-   applied as a low-rank product beside the folded weight, in the factors' dtype as PEFT does (folding
-   a small update into bfloat16 weights would round most of it away); attention
+   applied as a low-rank product beside the folded weight, accumulated into its output (folding a
+   small update into bfloat16 weights would round most of it away); attention
    (``scaled_dot_product_attention``) reads the buffer up to the current column with one additive
    mask fixed for the whole call;
 3. the next token is drawn by inverse CDF from ``softmax(logits / temperature)`` with one uniform
@@ -131,7 +131,10 @@ class _Product:
     """``x ↦ x Wᵀ (+ bias) + (x Aᵀ) Bᵀ`` for a folded frozen weight ``W`` ``(out, in)`` and optional
     low-rank factors (the LoRA adapters, re-read every call: they train). ``W`` is kept ``(out, in)``
     with a transposed view for bfloat16 and half precision (oneDNN's fast layout there) and
-    transposed contiguous for float32. The low-rank product runs in the factors' dtype (PEFT's)."""
+    transposed contiguous for float32. The factors are cast to ``W``'s dtype once per call and the
+    low-rank term is accumulated into the product's output by ``addmm`` (float32 accumulation, one
+    rounding of the sum): its error is relative to the adapter's own small term, not to ``W``, so a
+    small update is kept (adding it into a bfloat16 ``W`` would round most of it away)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None):
         self.weight_t = weight.t() if weight.dtype in (torch.bfloat16, torch.float16) else weight.t().contiguous()
@@ -143,7 +146,8 @@ class _Product:
         """A copy sharing ``W`` with factors ``a`` ``(R, in)`` and ``b`` ``(out, R)`` (or none)."""
         out = _Product.__new__(_Product)
         out.weight_t, out.bias = self.weight_t, self.bias
-        out.a_t, out.b_t = (None, None) if a is None else (a.t().contiguous(), b.t().contiguous())
+        dtype = self.weight_t.dtype
+        out.a_t, out.b_t = (None, None) if a is None else (a.t().to(dtype).contiguous(), b.t().to(dtype).contiguous())
         return out
 
     def __call__(self, x: Tensor, add_to: Tensor | None = None) -> Tensor:
@@ -153,8 +157,8 @@ class _Product:
             y = torch.addmm(self.bias, x, self.weight_t)
         else:
             y = x @ self.weight_t
-        if self.a_t is not None:  # added in the factors' dtype, rounded once (as PEFT does)
-            y.add_((x.to(self.a_t.dtype) @ self.a_t) @ self.b_t)
+        if self.a_t is not None:
+            y = torch.addmm(y, x @ self.a_t, self.b_t)
         return y
 
 
