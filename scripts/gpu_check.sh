@@ -6,6 +6,8 @@
 #   bash scripts/gpu_check.sh                              # both shapes, 4 steps each, 4 prompts x 8 x 128 tokens
 #   bash scripts/gpu_check.sh --shapes q05 --steps 3       # any `mrtpo bench gpu` option
 #   bash scripts/gpu_check.sh --shapes tiny use_cpu=true bf16=false   # CPU dry run of the same path
+#   bash scripts/gpu_check.sh --verdict --commit            # the real-model verdict's runs on this GPU
+#                                                           # (scripts/real_verdict.py run --machine gpu ...)
 #
 # PYTHON (default: .venv/bin/python if present, else python3) runs mrtpo; MRTPO_TOKENIZER or
 # --tokenizer DIR points at the tokenizer files when the default model is not cached here.
@@ -34,5 +36,9 @@ if [ -f "$KIT/whl/requirements.txt" ] && { [ "${MRTPO_GPU_INSTALL:-0}" = 1 ] || 
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" --find-links "$KIT/whl" \
     -r "$KIT/whl/requirements.txt"
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ "${1:-}" = "--verdict" ]; then  # configs/real-verdict-gpu.yaml, every run not yet in docs/results/real-verdict/gpu
+  shift
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" scripts/real_verdict.py run --machine gpu "$@"
 fi
 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" -m mrtpo.cli bench gpu "$@"

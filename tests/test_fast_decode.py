@@ -105,7 +105,10 @@ def test_supported_only_for_plain_temperature_sampling():
     assert not fast_sampling_supported(model, _config(top_k=50))
     assert not fast_sampling_supported(model, _config(top_p=0.9))
     assert not fast_sampling_supported(model, _config(repetition_penalty=1.1))
-    assert not fast_sampling_supported(model, _config(do_sample=False))
+    assert fast_sampling_supported(model, _config(do_sample=False))  # greedy: generate's argmax
+    assert fast_sampling_supported(model, _config(do_sample=False, top_k=50))  # no warper under greedy
+    assert not fast_sampling_supported(model, _config(do_sample=False, num_beams=2))
+    assert not fast_sampling_supported(model, _config(do_sample=False, no_repeat_ngram_size=3))
     model.train()
     assert fast_sampling_supported(model, _config())  # no dropout in this model: train mode changes nothing
     model.config.attention_dropout = 0.1
@@ -204,3 +207,80 @@ def test_rows_that_end_leave_the_batch_and_the_rest_decode_as_before():
         last = new.shape[1] if end is None else end + 1
         torch.testing.assert_close(seen[j, :last], reference[j, :last], atol=2e-5, rtol=1e-4)
         assert new[j, :last].tolist() == free[j, :last].tolist()
+
+
+@pytest.mark.parametrize("peft", [False, True])
+def test_greedy_gives_generates_tokens(peft):
+    """Greedy (``do_sample`` false) through the decode step: the very tokens ``generate`` picks, rows
+    ending at their EOS and padded as ``generate`` pads them (float32)."""
+    model, tok = tiny_policy(seed=7, num_layers=2)
+    if peft:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                      "gate_proj", "up_proj", "down_proj"],
+                                                 init_lora_weights=False))
+        model.eval()
+    ids, mask = _left_padded_prompts(tok, ["greedy one", "a second and longer greedy prompt", "z"], repeats=2)
+    free = sample(model, ids, mask, _config(do_sample=False, max_new_tokens=14, eos_token_id=[]))
+    eos = int(free[0, ids.shape[1] + 4])  # row 0's fifth token as EOS: row 0 (at least) ends early
+    for config in (_config(do_sample=False, max_new_tokens=14, eos_token_id=[]),
+                   _config(do_sample=False, max_new_tokens=14, eos_token_id=[eos], pad_token_id=0)):
+        ours = sample(model, ids, mask, config)
+        with torch.no_grad():
+            theirs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        assert ours.tolist() == theirs.tolist()
+
+
+def test_bfloat16_follows_the_models_forward_with_a_small_adapter():
+    """In bfloat16 (float32 LoRA factors, as PEFT keeps them) the decode step's logits equal the model's
+    own forward to bfloat16 rounding (about one unit in the last place of a logit of size 1-2), and
+    move with the adapter as the forward's do: the distribution is the same, bit-equality is not."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = tiny_policy(seed=4, dtype=torch.bfloat16)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                       "gate_proj", "up_proj", "down_proj"],
+                                                  init_lora_weights=False))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(0.1)  # an adapter that moves the logits by ~0.2
+    peft_model.eval()
+    ids, mask = _left_padded_prompts(tok, ["adapter test", "another longer prompt here"], repeats=2)
+    torch.manual_seed(0)
+    out, seen = sample(peft_model, ids, mask, _config(max_new_tokens=10, eos_token_id=[]), return_logits=True)
+    new = out[:, ids.shape[1]:]
+    reference = _reference_logits(peft_model, out, mask, new)
+    with peft_model.disable_adapter():
+        base = _reference_logits(peft_model, out, mask, new)
+    effect = (reference - base).abs().mean()
+    assert effect > 0.1  # the adapter moves the logits well beyond bfloat16 rounding
+    assert (seen - reference).abs().mean() < min(0.02, 0.15 * effect)
+    moved = torch.corrcoef(torch.stack([(seen - base).flatten(), (reference - base).flatten()]))[0, 1]
+    assert moved > 0.98
+    probs, ref_probs = torch.softmax(seen, -1), torch.softmax(reference, -1)
+    assert (probs - ref_probs).abs().sum(-1).max() < 0.05  # total variation per step, bf16 rounding only
+
+
+def test_folded_weights_are_kept_and_refolded_when_a_base_weight_changes():
+    """The folded base weights are computed once per model and reused while the weights are
+    unchanged; an in-place change of a base weight (its version moves) refolds them."""
+    import mrtpo.fast_decode as fast_decode
+
+    model, tok = tiny_policy(seed=8)
+    for p in model.parameters():
+        p.requires_grad_(False)  # frozen base, as under LoRA
+    ids, mask = _left_padded_prompts(tok, ["kept"], repeats=2)
+    torch.manual_seed(0)
+    first = sample(model, ids, mask, _config(do_sample=False, eos_token_id=[]))
+    kept = fast_decode._FROZEN_CACHE[model][1]
+    sample(model, ids, mask, _config(do_sample=False, eos_token_id=[]))
+    assert fast_decode._FROZEN_CACHE[model][1] is kept
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(-3.0)
+    changed, seen = sample(model, ids, mask, _config(do_sample=False, eos_token_id=[]), return_logits=True)
+    assert fast_decode._FROZEN_CACHE[model][1] is not kept
+    reference = _reference_logits(model, changed, mask, changed[:, ids.shape[1]:])
+    torch.testing.assert_close(seen, reference, atol=2e-5, rtol=1e-4)
+    assert changed.tolist() != first.tolist()

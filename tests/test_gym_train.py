@@ -165,10 +165,13 @@ def test_bench_step_times_each_phase_of_both_methods_against_its_floor(gym_env, 
         total = sum(row[p]["median"] for p in ("generation", "scoring", "replay", "update"))
         assert row["step"]["q1"] <= row["step"]["median"] <= row["step"]["q3"] and total > 0
         assert 0 < row["tokens"]["sampled"] <= 32 * 8
+        cpu = row["generation_cpu"]  # generation in this process's CPU time: one thread, so at most its wall time
+        assert 0 < cpu["floor"] and 0 < cpu["median"] <= 1.2 * row["generation"]["median"] + 0.01
     # nothing skipped: every completion replayed under the original and each of its 3 clauses' counterfactuals
     assert rows["mrtpo"]["tokens"]["replayed"] == 4 * rows["mrtpo"]["tokens"]["sampled"]
     assert rows["mrtpo"]["replay"]["floor"] > 0
     assert record["verdicts"]["mrtpo_over_gdpo"] > 0 and record["matmul_gflops"] > 0
+    assert record["matmul_gflops_cpu_time"] >= 0.8 * record["matmul_gflops"]  # per CPU second: no slower than wall
     assert "run_backward" in record["profiles"]["gdpo"]["python"] and "aten::" in record["profiles"]["mrtpo"]["torch"]
 
 

@@ -14,6 +14,10 @@ an **arithmetic floor**: the step's floating-point work at this core's measured 
 - replay: ``f ×`` every completion token once per context it is replayed under (the original and
   each counterfactual whose map was computed).
 
+Generation is also timed in this process's CPU time, against the same floor at the matmul rate per
+CPU second: on a machine shared with other work the wall times swing with the load, the CPU times
+far less.
+
 ``--profile`` then trains a few more steps per method under cProfile and ``torch.profiler`` and prints
 where the time goes beyond the floor (Python frames and torch operators). Printed and written as JSON.
 """
@@ -57,16 +61,19 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 512, seconds: float = 0.5) -> float:
-    """This process's sustained matrix-multiply rate (GFLOP/s) on ``size``² operands in ``dtype``."""
+def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 512, seconds: float = 0.5,
+                  clock=time.perf_counter) -> float:
+    """This process's sustained matrix-multiply rate (GFLOP/s) on ``size``² operands in ``dtype``,
+    per second of ``clock`` (wall time; ``time.process_time``: per second of this process's CPU time,
+    which other work on a shared machine changes far less)."""
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     for _ in range(3):
         a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    count, start = 0, clock()
+    while clock() - start < seconds:
         a @ b
         count += 1
-    return 2 * size ** 3 * count / (time.perf_counter() - start) / 1e9
+    return 2 * size ** 3 * count / (clock() - start) / 1e9
 
 
 def flops_per_token(model: Any, context: float) -> float:
@@ -87,7 +94,15 @@ class _StepTokens:
 
     def __init__(self, trainer):
         self.rows: list[dict[str, float]] = []
-        generate, replay = trainer._generate_and_score_completions, trainer._replay
+        generate, replay, sample = trainer._generate_and_score_completions, trainer._replay, trainer._generate
+        self._cpu = 0.0
+
+        def timed_sample(prompts):  # the trainer's timed generation, also in this process's CPU time
+            start = time.process_time()
+            try:
+                return sample(prompts)
+            finally:
+                self._cpu += time.process_time() - start
 
         def recording_replay(inputs, out, coefficients=None):
             maps = replay(inputs, out, coefficients)
@@ -101,17 +116,18 @@ class _StepTokens:
             return maps
 
         def recording(inputs):
-            self._replayed = 0.0
+            self._replayed, self._cpu = 0.0, 0.0
             out = generate(inputs)
             prompts = {tuple(ids[mask.bool()].tolist())
                        for ids, mask in zip(out["prompt_ids"].cpu(), out["prompt_mask"].cpu())}
             self.rows.append({"prompt": float(sum(map(len, prompts))), "sampled": float(out["completion_mask"].sum()),
-                              "replayed": self._replayed,
+                              "replayed": self._replayed, "generation_cpu": self._cpu,
                               "context": float(out["prompt_mask"].sum(-1).float().mean()
                                                + out["completion_mask"].shape[1] / 2)})
             return out
 
         self._replayed = 0.0
+        trainer._generate = timed_sample
         trainer._replay = recording_replay
         trainer._generate_and_score_completions = recording
 
@@ -156,8 +172,9 @@ def _train(args, method: str, steps: int, folder: Path, profiler=None) -> tuple[
     return trainer, tokens, [r for r in logs if "time/update" in r]
 
 
-def measure(args, method: str, rate: float, scratch: Path) -> dict[str, Any]:
-    """One method's timed run: per-phase quartiles and floors."""
+def measure(args, method: str, rate: float, scratch: Path, cpu_rate: float | None = None) -> dict[str, Any]:
+    """One method's timed run: per-phase quartiles and floors; ``generation_cpu``: generation in this
+    process's CPU time against the floor at ``cpu_rate`` (the matmul rate per CPU second)."""
     trainer, tokens, logs = _train(args, method, args.steps, scratch / method)
     model = trainer.accelerator.unwrap_model(trainer.model)
     row: dict[str, Any] = {"method": method, "steps": len(logs)}
@@ -175,6 +192,8 @@ def measure(args, method: str, rate: float, scratch: Path) -> dict[str, Any]:
         floors["replay"].append(f * c["replayed"] / rate / 1e9)
     for phase, values in floors.items():
         row[phase]["floor"] = statistics.median(values) if values else 0.0
+    row["generation_cpu"] = dict(zip(("q1", "median", "q3"), _quartiles([c["generation_cpu"] for c in counts])))
+    row["generation_cpu"]["floor"] = row["generation"]["floor"] * rate / (cpu_rate or rate)
     row["step"]["floor"] = sum(row[p]["floor"] for p in floors)
     row["tokens"] = {k: statistics.median([c[k] for c in counts]) for k in ("prompt", "sampled", "replayed")}
     row["final_reward"] = statistics.mean(r.get("reward", float("nan")) for r in logs[-10:])
@@ -208,19 +227,20 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     methods = method_list(args.methods)
     torch.set_num_threads(1)
-    rate = matmul_gflops()
+    rate, cpu_rate = matmul_gflops(), matmul_gflops(clock=time.process_time)
     flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
     print(f"mrtpo bench step: {args.task}, preset {args.preset}, {args.steps} steps per method, 1 thread; "
-          f"{rate:.0f} GFLOP/s fp32 matmul; CPU flags {' '.join(flags) or '-'}")
+          f"{rate:.0f} GFLOP/s fp32 matmul ({cpu_rate:.0f} per CPU second); CPU flags {' '.join(flags) or '-'}")
     scratch = Path(tempfile.mkdtemp(prefix="mrtpo-bench-step-"))
     rows, profiles = [], {}
     try:
         for method in methods:
-            row = measure(args, method, rate, scratch)
+            row = measure(args, method, rate, scratch, cpu_rate)
             rows.append(row)
             print(f"\n{method}: medians over steps 2..{row['steps']} [quartiles]")
             for phase in (*PHASES, "step"):
                 print("  " + _line(f"{phase:<10}", row[phase], phase != "scoring"))
+            print("  " + _line("generation, CPU time", row["generation_cpu"], True))
         by_method = {r["method"]: r for r in rows}
         verdicts = {}
         if "gdpo" in by_method:
@@ -242,5 +262,5 @@ def main(argv: list[str]) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     write_record(args.out, "step", "mrtpo bench step " + " ".join(argv), rows, matmul_gflops=rate,
-                 cpu_flags=flags, verdicts=verdicts, profiles=profiles)
+                 matmul_gflops_cpu_time=cpu_rate, cpu_flags=flags, verdicts=verdicts, profiles=profiles)
     return 0

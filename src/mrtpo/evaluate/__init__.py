@@ -106,6 +106,18 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
+def fast_decoding(model: Any, config: Any):
+    """``model.generate`` through :func:`mrtpo.fast_decode.fast_sampling` (the same greedy tokens in
+    float32, bfloat16 rounding otherwise) where it supports the model and ``config`` and no module
+    carries a forward hook (the decode step does not call the modules' forward); else as is."""
+    import contextlib
+
+    from mrtpo.fast_decode import fast_sampling, fast_sampling_supported
+
+    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    return fast_sampling(model) if not hooked and fast_sampling_supported(model, config) else contextlib.nullcontext()
+
+
 def _greedy_config(max_new_tokens: int, stop_ids: list[int], pad_id: int):
     """A GenerationConfig for plain greedy decoding; every value that changes greedy's choice is
     set explicitly, so nothing is inherited from the model's own generation_config."""
@@ -174,7 +186,7 @@ def generate(
                 if n:
                     input_ids[r, width - n :] = torch.tensor(encoded[i], dtype=torch.long)
                     attention[r, width - n :] = 1
-            with torch.no_grad():
+            with torch.no_grad(), fast_decoding(model, config):  # mrtpo's decode step where it reproduces greedy
                 out = model.generate(
                     input_ids=input_ids.to(device),
                     attention_mask=attention.to(device),

@@ -143,10 +143,20 @@ class GeneratorConfig:
     min_words_range: tuple[int, int] = (40, 120)
     word_budget: int | None = None
     max_tries: int = 40
+    classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         anchor = (self.anchor,) if isinstance(self.anchor, str) else tuple(self.anchor or ())
         object.__setattr__(self, "anchor", anchor)
+        classes = pools.expand_classes(self.classes)
+        object.__setattr__(self, "classes", classes)
+        if classes:
+            missing = [c for c in classes if c not in {cid for _, cid in pools.pool(self.pool)}]
+            if missing:
+                raise ValueError(f"classes {missing} are not in constraint pool {self.pool!r}")
+            if len(classes) + len(anchor) < self.min_constraints:
+                raise ValueError(f"{len(classes)} classes and {len(anchor)} anchors cannot make "
+                                 f"min_constraints={self.min_constraints} constraints")
         object.__setattr__(self, "min_words_range", tuple(self.min_words_range))
         if not 1 <= self.min_constraints <= self.max_constraints <= MAX_SLOTS:
             raise ValueError(
@@ -258,7 +268,7 @@ def generate_one(index: int, cfg: GeneratorConfig) -> Example:
             raise RuntimeError(f"could not place anchor {name!r} in example {index}")
         c["anchor"] = name
         chosen.append(c)
-    candidates = list(pools.pool(cfg.pool))
+    candidates = [key for key in pools.pool(cfg.pool) if not cfg.classes or key[1] in cfg.classes]
     rng.shuffle(candidates)
     for key in candidates:
         if len(chosen) >= target:

@@ -25,6 +25,8 @@ __all__ = [
     "POOLS",
     "EXCLUDED",
     "EXTRA_CONFLICTS",
+    "LOCAL_CLASSES",
+    "expand_classes",
     "pool",
     "class_conflict",
     "kwargs_conflict",
@@ -250,6 +252,32 @@ EXTRA_CONFLICTS: set[frozenset[Key]] = set().union(
         ),
     ),
 )
+
+
+#: IFEval classes whose checker reads the answer at a few positions (its start and end, a keyword's
+#: occurrences, a ``<<title>>``, a P.S. block), not the whole answer (counts, case, layout): the
+#: classes where token credit has a local span to find. ``classes: local`` names them.
+LOCAL_CLASSES: tuple[str, ...] = (
+    "startend:end_checker",
+    "startend:quotation",
+    "keywords:existence",
+    "keywords:frequency",
+    "keywords:forbidden_words",
+    "detectable_format:title",
+    "detectable_content:postscript",
+)
+
+
+def expand_classes(classes: Iterable[str] | str | None) -> tuple[str, ...]:
+    """Instruction ids from a ``classes`` setting: a list of ids, one id, or ``"local"``
+    (:data:`LOCAL_CLASSES`); ``()`` (no restriction) for none. Duplicates are an error."""
+    if not classes:
+        return ()
+    names = [classes] if isinstance(classes, str) else list(classes)
+    out = [cid for name in names for cid in (LOCAL_CLASSES if name == "local" else (name,))]
+    if len(set(out)) != len(out):
+        raise ValueError(f"classes repeat an instruction id: {names!r}")
+    return tuple(out)
 
 
 def pool(name: str) -> tuple[Key, ...]:
