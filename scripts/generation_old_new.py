@@ -23,7 +23,7 @@ from transformers import GenerationConfig
 
 from mrtpo.bench.step import _config, flops_per_token, matmul_gflops
 from mrtpo.fast_decode import sample
-from mrtpo.replay import underlying_model
+from mrtpo.model_calls import underlying_model
 from mrtpo.shared_prompt import generate_with_shared_prefill
 from mrtpo.train import build_trainer
 
