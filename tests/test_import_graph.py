@@ -20,7 +20,7 @@ FLOORS = {
     "credit": 0, "verifiers": 0, "machine": 0, "warning_filters": 0, "testing": 0, "cli_help": 0, "hub": 0,
     "__init__": 1, "tasks": 1, "counterfactual": 1, "replay_plan": 1, "replay": 1, "shared_prompt": 1, "fast_decode": 1,
     "packing": 1, "sampling": 1, "rewards": 1, "models": 1, "report": 1, "gym": 1,
-    "model_init": 1, "model_names": 1,
+    "model_init": 1, "model_names": 1, "known_positions": 1,
     "trainer": 2, "update_rows": 2, "warm_start": 2,
     "config": 3, "run_folder": 3, "train": 3, "evaluate": 3,
     "run_outputs": 3, "saved_config": 3,

@@ -209,7 +209,7 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     run, args = config.run, config.args
     data = data if data is not None else load_task_data(config)
     task, train, evals, examples = data.task, data.train, data.evals, data.examples
-    rewards = [VerifierReward(v, examples) for v in task.verifiers()]
+    rewards = [VerifierReward(v, examples, getattr(task, "checked_spans", None)) for v in task.verifiers()]
 
     def rows(exs):
         return Dataset.from_list([{"prompt": ex.messages, "example_id": ex.id} for ex in exs])

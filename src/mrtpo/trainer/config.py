@@ -47,7 +47,7 @@ class MRTPOConfig(GRPOConfig):
 
     method: str = _setting("mrtpo", (
         "credit method: grpo, gdpo, mrtpo, mrtpo-contrastive, contrast, entropy; "
-        "controls: mrtpo-shuffled, mrtpo-swapped"))
+        "controls: mrtpo-shuffled, mrtpo-swapped; upper bound (tasks that know their relevant tokens): oracle"))
     relevance: str = _setting("js", "relevance of a replay: js (default), kl or logratio")
     lam: float = _setting(DEFAULT_LAM, (
         "weight interpolation: 0 uniform, 1 proportional to relevance (the paper's: lam 1, w_max None)"))
@@ -55,6 +55,9 @@ class MRTPOConfig(GRPOConfig):
         "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); "
         "None: lam for all"))
     w_max: float | None = _setting(DEFAULT_W_MAX, "cap on one token's weight (then renormalised); None: no cap")
+    oracle_shuffle: float = _setting(0.0, (
+        "method oracle only: share q of its known-position mask moved to random tokens of the response "
+        "(0: the oracle; the dose-response runs q in 0, .25, .5, .75)"))
     relevance_chunk_size: int | None = _setting(None, "positions per relevance chunk; None: auto")
     relevance_top_k: int | None = _setting(None, "top-k approximation of the JS sum; None: exact")
     replay_micro_batch: int | None = _setting(None, (
@@ -92,6 +95,8 @@ class MRTPOConfig(GRPOConfig):
             raise ValueError(f"lam must be in [0, 1], got {self.lam}")
         if self.w_max is not None and self.w_max < 1.0:
             raise ValueError(f"w_max must be >= 1 (weights average to 1) or None, got {self.w_max}")
+        if not 0.0 <= self.oracle_shuffle <= 1.0:
+            raise ValueError(f"oracle_shuffle must be in [0, 1], got {self.oracle_shuffle}")
         if self.reward_lam is not None and not all(0.0 <= float(v) <= 1.0 for v in self.reward_lam):
             raise ValueError(f"every reward_lam entry must be in [0, 1], got {list(self.reward_lam)}")
         if self.relevance_chunk_size is not None and self.relevance_chunk_size < 1:

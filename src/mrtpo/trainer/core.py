@@ -49,6 +49,7 @@ from trl import GRPOTrainer
 
 from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
 from mrtpo.fast_decode import fast_sampling
+from mrtpo.known_positions import known_position_mask, knows_positions
 from mrtpo.packing import can_pack, packed_logps
 from mrtpo.replay import ForwardCounter, ReplayGroup, autocast_outputs, batch_relevance, replay_forward_calls
 from mrtpo.replay_plan import (
@@ -61,7 +62,7 @@ from mrtpo.replay_plan import (
     plan_group,
     plan_replays,
 )
-from mrtpo.rewards import checked_reward_funcs, declares_evidence, evidence_for
+from mrtpo.rewards import VerifierReward, checked_reward_funcs, declares_evidence, evidence_for
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer.card import ModelCardMixin
 from mrtpo.trainer.config import (
@@ -98,6 +99,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self.credit_config = CreditConfig(
             lam=self.args.lam, w_max=self.args.w_max, batch_norm=self.args.credit_batch_norm,
             reward_weights=self.reward_weights.tolist(), reward_lam=self.args.reward_lam,
+            oracle_shuffle=self.args.oracle_shuffle,
         )
         if self.args.reward_lam is not None and len(self.args.reward_lam) != len(self.reward_funcs):
             raise ValueError(f"reward_lam has {len(self.args.reward_lam)} entries for {len(self.reward_funcs)} "
@@ -109,6 +111,11 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
                     f"method {self.args.method!r} needs rewards with evidence, but none of {self.reward_func_names} "
                     "declares any: decorate them with @mrtpo.evidence(...) or wrap task verifiers in VerifierReward")
             self._check_evidence(self.train_dataset)
+        if context_rule(self.credit_method.needs).known and not any(
+                isinstance(f, VerifierReward) and knows_positions(f.verifier, f.spans_of) for f in self.reward_funcs):
+            raise ValueError(f"method {self.args.method!r} weights the positions a task knows each reward "
+                             f"reads, but none of {self.reward_func_names} knows them: use a gym task or one "
+                             "with checked_spans")
         self._last_rewards: Tensor | None = None
         self._update_skips_zero_rows = self._skips_zero_rows()
         self._timing = {"generation": 0.0, "scoring": 0.0, "replay": 0.0}
@@ -274,6 +281,18 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         maps = plan.scatter(results, out["completion_ids"].shape[1], self.accelerator.device)
         return {**{key: m.cpu() if m is not None else None for key, m in maps.items()}, "skipped": plan.skipped()}
 
+    def _known_positions(self, inputs: list[dict], out: dict) -> Tensor:
+        """``(B, K, T)``: 1 on the positions the task knows each reward reads in this process's completions
+        (:func:`mrtpo.known_positions.known_position_mask`; what the ``oracle`` method weights)."""
+        ids = out["completion_ids"].cpu()
+        rows = [ids[j, :n].tolist() for j, n in enumerate(out["completion_mask"].sum(-1).long().tolist())]
+        texts = [self.processing_class.decode(r, skip_special_tokens=True) for r in rows]
+        known = [f if isinstance(f, VerifierReward) else None for f in self.reward_funcs]
+        first = next(f for f in known if f is not None)
+        return known_position_mask([f.verifier if f else None for f in known],
+                                   [first.examples[row["example_id"]] for row in inputs], texts, rows, ids.shape[1],
+                                   self.processing_class, first.spans_of)
+
     def _agree_forward_calls(self, calls: int) -> int:
         """The maximum over ranks of the replay forward calls each rank will make.
 
@@ -307,7 +326,10 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         coefficients = reward_coefficients(self._last_rewards, self.num_generations, self.credit_config.reward_weights)
         start = time.perf_counter()
         local = coefficients[rows] if self.args.skip_zero_advantage else None  # None: every map is computed
-        maps = self._replay(inputs, out, local) if context_rule(self.credit_method.needs).replays else {}
+        rule = context_rule(self.credit_method.needs)
+        maps = self._replay(inputs, out, local) if rule.replays else {}
+        if rule.known:
+            maps["known_positions"] = self._known_positions(inputs, out)
         self._timing["replay"] += time.perf_counter() - start
 
         batch = CreditBatch(rewards=self._last_rewards, group_size=self.num_generations, mask=mask, rows=rows,
@@ -349,7 +371,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         zero_spread = (group_adv == 0).all(1).double().mean(0)
         for name, share in zip(self.reward_func_names, zero_spread.tolist()):
             self._metrics["train"][f"skip/zero_spread/{name}"].append(share)
-        if not maps:
+        if "skipped" not in maps:  # nothing was replayed (a method without replays)
             return
         counts = self._replay_counts
         local = torch.tensor(list(counts.values()), dtype=torch.float64, device=self.accelerator.device)
