@@ -20,7 +20,7 @@ from mrtpo.gym.shipped import (
 )
 from mrtpo.tasks import get_task
 
-FAMILIES = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
+FAMILIES = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff", "gym-long")
 
 
 def test_the_manifest_is_pinned_and_every_shipped_file_matches_it():
@@ -122,3 +122,29 @@ def test_a_policy_override_equal_to_the_default_names_the_same_warm_start():
         assert warm_start_dir(default, policy_spec(default)) == warm_start_dir(explicit, policy_spec(explicit))
         other = get_task(family, policy={"seed": 1})
         assert warm_start_dir(other, policy_spec(other)) != warm_start_dir(default, policy_spec(default))
+
+
+def test_the_long_warm_start_keeps_its_filler_high_entropy_and_conditions_on_the_rules():
+    """Under the shipped gym-long policy the filler tokens of demonstrations carry >= 2 nats each (the
+    noise uniform credit spreads over every reward), and the rule words are far likelier where a
+    demonstration put them than the filler is anywhere (the policy read the rules)."""
+    import random
+
+    from mrtpo.gym import long
+    from mrtpo.gym.policy import demonstration_batch
+
+    task = get_task("gym-long")
+    model, tokenizer = task.policy()
+    ids, mask, labels = demonstration_batch(task, tokenizer, random.Random(7), 16)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    targets = labels[:, 1:]
+    logp = logits.log_softmax(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    filler_ids = set(tokenizer.convert_tokens_to_ids(list(long.FILLER)))
+    is_filler = torch.tensor([[t in filler_ids for t in row] for row in targets.tolist()])
+    assert is_filler.sum() > 500
+    assert entropy[is_filler].mean() >= 2.0
+    is_rule = (targets >= 0) & ~is_filler & (targets != tokenizer.eos_token_id)
+    p_target = logp.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1).exp()
+    assert p_target[is_rule].mean() > 3 * p_target[is_filler].mean()

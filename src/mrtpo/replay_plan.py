@@ -66,9 +66,9 @@ CONTEXT_RULES: dict[str, ContextRule] = {
     "oracle": ContextRule(known=True),
 }
 
-#: The :class:`mrtpo.credit.CreditBatch` fields a step fills: the replay's maps (:meth:`ReplayPlan.scatter`)
-#: and, for a ``known`` kind, ``known_positions`` (:mod:`mrtpo.known_positions`).
-CREDIT_FIELDS = ("relevance", "joint_relevance", "decoy_relevance", "entropy", "has_evidence", "known_positions")
+#: The :class:`mrtpo.credit.CreditBatch` fields a plan fills (:meth:`ReplayPlan.scatter`); a ``known`` kind's
+#: ``known_positions`` come from the task instead (:mod:`mrtpo.known_positions`).
+CREDIT_FIELDS = ("relevance", "joint_relevance", "decoy_relevance", "entropy", "has_evidence")
 
 
 def context_rule(needs: str) -> ContextRule:

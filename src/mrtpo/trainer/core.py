@@ -333,6 +333,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self._timing["replay"] += time.perf_counter() - start
 
         batch = CreditBatch(rewards=self._last_rewards, group_size=self.num_generations, mask=mask, rows=rows,
+                            known_positions=maps.get("known_positions"),
                             **{field: maps.get(field) for field in CREDIT_FIELDS})
         advantages = self.credit_method(batch, self.credit_config)
         self._trl_advantages = out["advantages"].detach().cpu()  # TRL's own (B,), kept for comparison
