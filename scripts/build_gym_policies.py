@@ -4,7 +4,7 @@ Every family's default settings, warm-start seeds 0, 1, 2 (``task_args={policy: 
 built by :func:`mrtpo.gym.policy.warm_start` in a scratch cache and copied to
 ``src/mrtpo/gym/policies/<task>-<digest>/`` (the folder name the cache would give it), with every
 file's sha256 in ``MANIFEST.json``. Afterwards set ``SHIPPED_MANIFEST_SHA256`` in
-``mrtpo/gym/policy.py`` to the manifest's sha256, which this script prints.
+``mrtpo/gym/shipped.py`` to the manifest's sha256, which this script prints.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/build_gym_policies.py --jobs 2
 """
@@ -19,7 +19,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-FAMILIES = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
+FAMILIES = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff", "gym-long")
 SEEDS = (0, 1, 2)
 POLICIES = Path(__file__).resolve().parents[1] / "src" / "mrtpo" / "gym" / "policies"
 

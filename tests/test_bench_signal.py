@@ -139,7 +139,7 @@ def test_relevant_mask_is_the_gym_ground_truth():
     names = [v.name for v in task.verifiers()]
     text = "the a and of to in on with so then"
     ids = [list(range(11))]  # ten words and the end-of-turn token
-    mask = relevant_mask(task, example, names, [text], ids, 13, None)
+    mask = relevant_mask(task, example, task.verifiers(), [text], ids, 13, None)
     truth = task.relevant_positions(example, text.split())
     for k, name in enumerate(names):
         assert mask[0, k].nonzero().view(-1).tolist() == [p for p in truth[name] if p < 11]
@@ -160,10 +160,13 @@ def test_relevant_mask_maps_a_real_tasks_checked_spans_to_tokens():
             assert text == "Hello world!"
             return [("kw", "keyword", [(6, 11)])]  # "world": the tokens " wor" and "ld"
 
-    mask = relevant_mask(Task(), None, ["len", "kw"], ["Hello world!"], [[0, 1, 2, 3, 4]], 6, Tokenizer())
+    from types import SimpleNamespace
+
+    verifiers = [SimpleNamespace(name="len"), SimpleNamespace(name="kw")]
+    mask = relevant_mask(Task(), None, verifiers, ["Hello world!"], [[0, 1, 2, 3, 4]], 6, Tokenizer())
     assert mask[0, 1].tolist() == [False, False, True, True, False, False]
     assert not mask[0, 0].any()
-    assert relevant_mask(object(), None, ["kw"], ["x"], [[0]], 1, None) is None  # a task that knows nothing
+    assert relevant_mask(object(), None, verifiers[1:], ["x"], [[0]], 1, None) is None  # a task that knows nothing
 
 
 def _gym_args(tmp_path, *extra):

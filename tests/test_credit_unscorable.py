@@ -108,7 +108,8 @@ def test_every_method_gives_unscorable_rows_zero_and_keeps_gdpo_on_scorable_ones
                         relevance=torch.rand(n, k, t, generator=gen) * mask.unsqueeze(1),
                         joint_relevance=torch.rand(n, t, generator=gen) * mask,
                         decoy_relevance=torch.rand(n, k, t, generator=gen) * mask.unsqueeze(1),
-                        entropy=torch.rand(n, t, generator=gen) * mask)
+                        entropy=torch.rand(n, t, generator=gen) * mask,
+                        known_positions=(torch.rand(n, k, t, generator=gen) < 0.3).float() * mask.unsqueeze(1))
     unscorable = ~scorable_rows(rewards)
     gdpo = gdpo_advantages(rewards, 4)
     for name in available_methods():

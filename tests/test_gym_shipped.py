@@ -20,7 +20,7 @@ from mrtpo.gym.shipped import (
 )
 from mrtpo.tasks import get_task
 
-FAMILIES = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
+FAMILIES = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff", "gym-long")
 
 
 def test_the_manifest_is_pinned_and_every_shipped_file_matches_it():
@@ -122,3 +122,38 @@ def test_a_policy_override_equal_to_the_default_names_the_same_warm_start():
         assert warm_start_dir(default, policy_spec(default)) == warm_start_dir(explicit, policy_spec(explicit))
         other = get_task(family, policy={"seed": 1})
         assert warm_start_dir(other, policy_spec(other)) != warm_start_dir(default, policy_spec(default))
+
+
+def test_the_long_warm_start_keeps_its_filler_high_entropy_and_reads_the_rules():
+    """Under the shipped gym-long policy the filler tokens of demonstrations carry >= 2 nats each (the
+    noise uniform credit spreads over every reward), and across the response the policy gives the
+    words its prompt's rules name several times the probability of content words the prompt does not
+    name (it read the rules; the demonstrator puts a rule word at a random position, so per position
+    its probability is small either way)."""
+    import random
+
+    from mrtpo.gym import long
+    from mrtpo.gym.policy import demonstration_batch
+    from mrtpo.gym.vocab import CONTENT
+
+    task = get_task("gym-long")
+    model, tokenizer = task.policy()
+    ids, mask, labels = demonstration_batch(task, tokenizer, random.Random(7), 16)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    targets = labels[:, 1:]
+    logp = logits.log_softmax(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    filler_ids = set(tokenizer.convert_tokens_to_ids(list(long.FILLER)))
+    is_filler = torch.tensor([[t in filler_ids for t in row] for row in targets.tolist()])
+    assert is_filler.sum() > 500
+    assert entropy[is_filler].mean() >= 2.0
+    content = torch.tensor(tokenizer.convert_tokens_to_ids(list(CONTENT)))
+    named, other = [], []
+    for row in range(ids.shape[0]):
+        in_prompt = set(ids[row][labels[row] == -100].tolist())
+        is_named = torch.tensor([c in in_prompt for c in content.tolist()])
+        probs = logp[row][targets[row] >= 0].exp()[:, content]  # (response positions, content words)
+        named.append(probs[:, is_named].mean())
+        other.append(probs[:, ~is_named].mean())
+    assert torch.stack(named).mean() > 3 * torch.stack(other).mean()

@@ -8,12 +8,12 @@ import random
 import pytest
 
 from mrtpo.counterfactual import remove_span
-from mrtpo.gym import answer, call, constraints
+from mrtpo.gym import answer, call, constraints, long
 from mrtpo.gym.vocab import WORDS, gym_tokenizer
 from mrtpo.tasks import get_task
 from mrtpo.verifiers import Example
 
-GYM = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
+GYM = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff", "gym-long")
 
 
 def _constraints_example(clauses):
@@ -177,3 +177,42 @@ def test_tradeoff_demonstrator_meets_one_rule_at_a_time():
     one = sum(sum(m) == 1.0 for m in met) / len(met)
     assert len(met) > 300 and abs(both - TRADEOFF_BOTH) < 0.05 and both + one == pytest.approx(1.0)
     assert 0.35 < sum(m[0] for m in met) / len(met) < 0.65  # each rule about half the time
+
+
+def test_long_rules_are_read_at_one_or_two_positions_by_hand():
+    rules = [("include", ["owl"]), ("avoid", ["rice"]), ("start", ["gold"]), ("end", ["rose"]),
+             ("before", ["fox", "pie"]), ("count", ["cat", 2])]
+    gold = {"length": 12, "clauses": [{"kind": k, "args": a, "text": constraints.clause_text(k, a)} for k, a in rules]}
+    ex = Example(id="x", split="train", messages=[{"role": "user", "content": "?"}], gold=gold)
+    task = get_task("gym-long", num_clauses=6)
+    words = "gold 7 owl 3 cat 9 fox 11 cat pie 5 rose".split()
+    assert [v(" ".join(words), ex) for v in task.verifiers()] == [1.0] * 6
+    assert task.relevant_positions(ex, words) == {"c1": [2], "c2": [], "c3": [0], "c4": [11], "c5": [6, 9],
+                                                  "c6": [4, 8]}
+    broken = "7 7 pie 3 rice 9 fox 11 cat rice 5 8".split()  # no owl, rice twice, wrong ends, pie first, one cat
+    assert [v(" ".join(broken), ex) for v in task.verifiers()] == [0.0] * 6
+    truth = task.relevant_positions(ex, broken)
+    assert truth == {"c1": [], "c2": [4, 9], "c3": [0], "c4": [11], "c5": [2, 6], "c6": [8]}
+
+
+def test_long_prompts_have_3_to_6_rules_and_long_filler_responses():
+    task = get_task("gym-long")
+    assert (task.settings.num_clauses, task.settings.length, task.max_new_tokens) == (4, 64, 88)
+    assert get_task("gym-long", length=128).max_new_tokens == 168
+    rng = random.Random(0)
+    counts, lengths, filler, rule_positions = set(), [], 0, []
+    for _ in range(200):
+        ex = task.warm_example(rng)  # the warm start's mixture: 3-6 rules, 64 or 128 words
+        counts.add(len(ex.gold["clauses"]))
+        _, words = task.demonstration(ex, rng)
+        lengths.append((ex.gold["length"], len(words)))
+        filler += sum(w in long.FILLER for w in words)
+        rule_positions.append(sum(len(constraints.relevant_positions(r["kind"], r["args"], words))
+                                  for r in ex.gold["clauses"]))
+    assert counts == {3, 4, 5, 6}
+    assert all(abs(n - length) <= long.LENGTH_JITTER for length, n in lengths)
+    assert {length for length, _ in lengths} == {64, 128}
+    assert filler / sum(n for _, n in lengths) > 0.9  # almost every token is filler no reward reads
+    assert max(rule_positions) <= 2 * 6 and sum(rule_positions) / len(rule_positions) < 8
+    with pytest.raises(ValueError, match="num_clauses"):
+        get_task("gym-long", num_clauses=7).load("train", 1)

@@ -26,7 +26,7 @@ FLOORS = {
     "cli_help": 0, "credit": 0, "hub": 0, "machine": 0, "model_calls": 0, "model_presets": 0, "replay_passes": 0,
     "reward_calls": 0, "run_outputs": 0, "testing": 0, "trl_names": 0, "validation": 0, "verifiers": 0,
     "warning_filters": 0,
-    "counterfactual": 1, "models": 1, "packing": 1, "rewards": 1, "shared_prompt": 1,
+    "counterfactual": 1, "known_positions": 1, "models": 1, "packing": 1, "rewards": 1, "shared_prompt": 1,
     "__init__": 2, "fast_decode": 2, "model_init": 2, "model_names": 2, "replay_plan": 2, "sampling": 2,
     "task_base": 2,
     "cli": 3, "gym": 3, "replay": 3,

@@ -66,7 +66,8 @@ def test_every_needs_kind_has_a_rule():
     assert set(CONTEXT_RULES) == set(NEEDS)
     with pytest.raises(KeyError, match="no replay rule for needs 'nope'"):
         context_rule("nope")
-    assert [needs_evidence(kind) for kind in NEEDS] == [False, True, True, False, True]
+    assert [needs_evidence(kind) for kind in NEEDS] == [False, True, True, False, True, False]
+    assert [CONTEXT_RULES[kind].replays for kind in NEEDS] == [False, True, True, True, True, False]
 
 
 def test_group_rows_in_first_seen_order():

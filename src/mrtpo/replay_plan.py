@@ -42,11 +42,14 @@ DECOY = "decoy"
 class ContextRule:
     """What one credit ``needs`` kind replays: ``counterfactuals`` (``None``, :data:`EACH` or
     :data:`ALL`) next to the original prompt, whether each :data:`EACH` counterfactual gets a
-    :data:`DECOY` beside it (``decoys``), and whether the original's ``entropy`` ``(B, T)`` is read."""
+    :data:`DECOY` beside it (``decoys``), and whether the original's ``entropy`` ``(B, T)`` is read.
+    ``known``: no replay; the caller fills ``known_positions`` ``(B, K, T)`` from what the task knows
+    each reward reads (:func:`mrtpo.known_positions.known_position_mask`)."""
 
     counterfactuals: str | None = None
     decoys: bool = False
     entropy: bool = False
+    known: bool = False
 
     @property
     def replays(self) -> bool:
@@ -60,9 +63,11 @@ CONTEXT_RULES: dict[str, ContextRule] = {
     "joint": ContextRule(counterfactuals=ALL),
     "contrastive": ContextRule(counterfactuals=EACH, decoys=True),
     "entropy": ContextRule(entropy=True),
+    "oracle": ContextRule(known=True),
 }
 
-#: The :class:`mrtpo.credit.CreditBatch` fields a plan fills (:meth:`ReplayPlan.scatter`).
+#: The :class:`mrtpo.credit.CreditBatch` fields a plan fills (:meth:`ReplayPlan.scatter`); a ``known`` kind's
+#: ``known_positions`` come from the task instead (:mod:`mrtpo.known_positions`).
 CREDIT_FIELDS = ("relevance", "joint_relevance", "decoy_relevance", "entropy", "has_evidence")
 
 

@@ -77,11 +77,15 @@ class VerifierReward:
     """A task verifier as a TRL reward function; its evidence comes from the verifier itself.
 
     ``examples`` maps ``example_id`` → :class:`Example`; the dataset must carry that column.
+    ``spans_of``: the task's ``checked_spans(example, text)``, where it has one: the characters each
+    verifier reads, which the ``oracle`` credit method weights (:mod:`mrtpo.known_positions`).
     """
 
-    def __init__(self, verifier: Verifier, examples: Mapping[str, Example]):
+    def __init__(self, verifier: Verifier, examples: Mapping[str, Example],
+                 spans_of: Callable[[Example, str], list] | None = None):
         self.verifier = verifier
         self.examples = examples
+        self.spans_of = spans_of
         self.__name__ = verifier.name
 
     def _example(self, example_id: str) -> Example:

@@ -47,8 +47,10 @@ class Task:
 
     def reward_funcs(self, examples: Mapping[str, Example]) -> list[Any]:
         """The functions the trainer calls as TRL calls reward functions, one per reward in :meth:`verifiers`'
-        order. Default: each verifier wrapped to find its example by ``example_id`` in ``examples`` (id -> example)."""
-        return [VerifierReward(v, examples) for v in self.verifiers()]
+        order. Default: each verifier wrapped to find its example by ``example_id`` in ``examples`` (id -> example),
+        with the task's :meth:`checked_spans` where it has them (the ``oracle``'s known positions)."""
+        spans_of = self.checked_spans if implements(self, "checked_spans") else None
+        return [VerifierReward(v, examples, spans_of) for v in self.verifiers()]
 
     def trainer_rows(self, examples: list[Example]) -> list[dict[str, Any]]:
         """The trainer's dataset rows for ``examples``: ``prompt`` (messages or text, as TRL takes it), the

@@ -64,17 +64,20 @@ class WeighedGroup:
 
 
 def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, group_size: int, max_new_tokens: int,
-                     config=None, kind: str = "js", decoys=None, temperature: float = 1.0) -> WeighedGroup:
+                     config=None, kind: str = "js", decoys=None, temperature: float = 1.0,
+                     spans_of=None) -> WeighedGroup:
     """Sample ``group_size`` completions of ``example``, replay them once under every context the
     methods need (:mod:`mrtpo.replay_plan`; always each reward's counterfactual) and give every
     method's token weights. ``decoys``: each reward's decoy evidence (another example's), for the
     methods that contrast with one; ``None``: no decoy, their maps are the plain ones. ``temperature``:
-    of the sampling and of the replay's distributions (training's ``temperature``)."""
+    of the sampling and of the replay's distributions (training's ``temperature``). ``spans_of``: the
+    task's ``checked_spans``, for the ``oracle`` on rewards that are not gym verifiers."""
     import torch
 
     from mrtpo.credit import CreditBatch, CreditConfig, get_method
+    from mrtpo.known_positions import known_position_mask
     from mrtpo.replay import run_replay_plan
-    from mrtpo.replay_plan import EACH, example_contexts, plan_replays
+    from mrtpo.replay_plan import EACH, context_rule, example_contexts, plan_replays
     from mrtpo.sampling import sample_group
 
     def ids_of(text: str) -> list[int]:
@@ -93,7 +96,11 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
     contexts = example_contexts(group, example, names, render, ids_of)
     maps = run_replay_plan(model, plan, lambda _: contexts, comps, lengths, kind=kind, temperature=temperature)
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
-    batch = CreditBatch(rewards, g, mask, **maps)
+    needs = [get_method(m).needs for m in methods]
+    known = (known_position_mask(verifiers, [example] * g, texts, [c[:n].tolist() for c, n in zip(comps, lengths)],
+                                 t, tokenizer, spans_of)
+             if any(context_rule(kind).known for kind in needs) else None)
+    batch = CreditBatch(rewards, g, mask, **maps, known_positions=known)
     weights = {m: get_method(m).weights(batch, config or CreditConfig()) for m in methods}
     present = [names[cf.rewards[0]] for cf in group.counterfactuals if cf.rule == EACH]
     return WeighedGroup(comps, lengths, texts, rewards, contexts, group.placements, present, weights, maps)

@@ -26,6 +26,7 @@ import torch
 from mrtpo.bench import add_sampling_arguments, method_list, sample_and_weigh, write_record
 from mrtpo.cli_help import HelpFormatter
 from mrtpo.credit.lift import char_spans_to_tokens, span_lift, summarise_lifts
+from mrtpo.known_positions import token_offsets
 
 DEFAULT_METHODS = ("mrtpo", "contrast", "entropy", "gdpo")
 #: completion caps: room for the spans (an instructions answer asks for 40-120 words)
@@ -40,20 +41,6 @@ def _parse(argv):
     p.add_argument("--scan", type=int, default=500, help="train examples scanned for prompts with a span")
     p.add_argument("--out", type=Path, metavar="FILE", help="JSON record (default: runs/bench/lift-<task>.json)")
     return p.parse_args(argv)
-
-
-def token_offsets(tokenizer, ids: list[int]) -> list[tuple[int, int]]:
-    """Character range ``[start, end)`` of each token in ``tokenizer.decode(ids, skip_special_tokens=True)``.
-
-    From the lengths of the decoded prefixes (kept non-decreasing: a prefix that ends inside a
-    multi-byte character decodes to a replacement character first). Special tokens get empty ranges.
-    """
-    offsets, previous = [], 0
-    for i in range(len(ids)):
-        end = max(previous, len(tokenizer.decode(ids[: i + 1], skip_special_tokens=True)))
-        offsets.append((previous, end))
-        previous = end
-    return offsets
 
 
 def completion_lifts(weights: dict[str, torch.Tensor], names: list[str], spans, offsets) -> list[dict]:
@@ -123,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for ex in tqdm(examples, desc=f"lift · {args.task}", unit="prompt"):
-        group = sample_and_weigh(model, tok, ex, verifiers, render, methods, args.group_size, max_new)
+        group = sample_and_weigh(model, tok, ex, verifiers, render, methods, args.group_size, max_new,
+                                 spans_of=task.checked_spans)
         comps, lengths, texts = group.completions, group.lengths, group.texts
         rewards, weights = group.rewards, group.weights
         for i, text in enumerate(texts):

@@ -39,7 +39,6 @@ import torch
 from mrtpo.bench import method_list, sample_and_weigh, write_record
 from mrtpo.cli_help import HelpFormatter
 from mrtpo.credit import CreditBatch, CreditConfig, get_method
-from mrtpo.credit.lift import char_spans_to_tokens
 from mrtpo.credit.signal import (
     bootstrap_counts,
     cross_gram,
@@ -98,25 +97,18 @@ def method_configs(entries: list[str], settings: list[str], base: CreditConfig) 
     return {label: (bases.get(label, label), dataclasses.replace(base, **own[label])) for label in labels}
 
 
-def relevant_mask(task: Any, example: Any, names: list[str], texts: list[str], ids: list[list[int]], width: int,
+def relevant_mask(task: Any, example: Any, verifiers: list[Any], texts: list[str], ids: list[list[int]], width: int,
                   tokenizer: Any) -> torch.Tensor | None:
-    """``(G, K, T)`` bool: the tokens each reward is known to read in each completion; ``None`` when the
-    task knows none. A gym task's ``relevant_positions`` are token indices (gym tokens are words);
-    another task's ``checked_spans`` are character spans, mapped to tokens as ``bench lift`` does."""
-    from mrtpo.bench.lift import token_offsets
+    """``(G, K, T)`` bool: the tokens each reward is known to read in each completion
+    (:func:`mrtpo.known_positions.known_position_mask`: a gym verifier's ground truth, else the task's
+    ``checked_spans`` mapped to tokens as ``bench lift`` does); ``None`` when the task knows none."""
+    from mrtpo.known_positions import known_position_mask, knows_positions
+    from mrtpo.task_base import implements
 
-    if not hasattr(task, "relevant_positions") and not hasattr(task, "checked_spans"):
+    spans_of = task.checked_spans if implements(task, "checked_spans") else None
+    if not any(knows_positions(v, spans_of) for v in verifiers):
         return None
-    mask = torch.zeros(len(texts), len(names), width, dtype=torch.bool)
-    for b, (text, row) in enumerate(zip(texts, ids)):
-        if hasattr(task, "relevant_positions"):
-            for name, positions in task.relevant_positions(example, text.split()).items():
-                mask[b, names.index(name), [p for p in positions if p < len(row)]] = True
-            continue
-        offsets = token_offsets(tokenizer, list(row))
-        for name, _, spans in task.checked_spans(example, text):
-            mask[b, names.index(name), :len(row)] |= char_spans_to_tokens(offsets, spans)
-    return mask
+    return known_position_mask(verifiers, [example] * len(texts), texts, ids, width, tokenizer, spans_of).bool()
 
 
 def _pad(tensors: list[torch.Tensor | None], width: int) -> torch.Tensor | None:
@@ -304,7 +296,8 @@ def _run(args, argv, trainer, model_name: str) -> int:
                                      temperature=trainer.temperature)
             groups.append(group)
             ids = [c[:n].tolist() for c, n in zip(group.completions, group.lengths.tolist())]
-            relevant.append(relevant_mask(task, examples[i], names, group.texts, ids, group.completions.shape[1], tok))
+            relevant.append(relevant_mask(task, examples[i], verifiers, group.texts, ids, group.completions.shape[1],
+                                         tok))
         timing["sample_and_replay"] += time.perf_counter() - began
         began = time.perf_counter()
         batch = step_batch(groups, relevant, g_size)

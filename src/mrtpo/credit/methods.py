@@ -20,10 +20,11 @@ import torch
 from torch import Tensor
 
 from mrtpo.credit.advantages import gdpo_advantages, grpo_advantages, token_advantages
+from mrtpo.credit.oracle import oracle_weights
 from mrtpo.credit.weights import WEIGHT_MEANS, WEIGHTINGS, batch_mean_weights, rank_weights, relevance_weights
 
 #: What a method's weights read; a new kind also needs its row in ``mrtpo.replay_plan.CONTEXT_RULES``.
-NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy", "contrastive")
+NEEDS: tuple[str, ...] = ("none", "per_reward", "joint", "entropy", "contrastive", "oracle")
 #: Sequence-level advantages a method's token advantages average to (per completion, over its mask).
 SEQUENCE_ADVANTAGES: tuple[str, ...] = ("grpo", "gdpo")
 
@@ -48,6 +49,7 @@ class CreditConfig:
     weighting: str = "relevance"  # "relevance": ∝ the map (λ-mixed); "rank": by rank in the response (weights.py)
     rank_power: float = 1.0  # rank weighting's profile ((i + ½) / n) ** rank_power
     weight_mean: str = "response"  # the map is divided by its mean over the "response" or the whole "batch"
+    oracle_shuffle: float = 0.0  # oracle only: share of its mask moved to random tokens (mrtpo.credit.oracle)
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:
@@ -80,6 +82,7 @@ class CreditBatch:
     joint_relevance: Tensor | None = None  # (N, T) all evidence at once (needs "joint")
     decoy_relevance: Tensor | None = None  # (N, K, T) each reward's map under another prompt's evidence ("contrastive")
     entropy: Tensor | None = None  # (N, T) the policy's own entropy (needs "entropy")
+    known_positions: Tensor | None = None  # (N, K, T) 1 where the task knows reward k is decided (needs "oracle")
     # When set, ``rewards`` is the global batch (all processes) and every other tensor covers only
     # these rows of it; group and batch statistics stay global, so two processes match one.
     rows: slice | None = None
@@ -204,9 +207,11 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
     entry when set, so one reward may concentrate while another stays near uniform); ``contrastive``:
     the same on ``max(relevance − decoy_relevance, 0)``, what the response reacts to in this prompt's
     evidence beyond what it reacts to in any evidence of that reward; ``joint`` / ``entropy``:
-    one shared map for every reward; ``none``: uniform. Masked positions are 0. The map's shape is
-    ``config.shape`` (:mod:`mrtpo.credit.weights`); under ``weight_mean="batch"`` the batch is the rows
-    whose map was computed (``has_evidence``; for one shared map, the rows where it is not all 0).
+    one shared map for every reward; ``oracle``: each reward's known positions as its map
+    (:func:`mrtpo.credit.oracle.oracle_weights`, mixed with their shuffle by ``oracle_shuffle``);
+    ``none``: uniform. Masked positions are 0. The map's shape is ``config.shape``
+    (:mod:`mrtpo.credit.weights`); under ``weight_mean="batch"`` the batch is the rows whose map was
+    computed (``has_evidence``; for one shared map, the rows where it is not all 0).
     """
     n, k = batch.local_rewards().shape
     t = batch.mask.shape[1]
@@ -226,6 +231,12 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
             if has[:, i].any():
                 w = config.shape(relevance[:, i], batch.mask * has[:, i].unsqueeze(1), lams[i])
                 weights[has[:, i], i] = w[has[:, i]]
+    elif needs == "oracle":
+        known = _require(batch.known_positions, "the task's known relevant positions (N, K, T)", needs)
+        if known.shape != (n, k, t):
+            raise ValueError(f"known_positions must be (N={n}, K={k}, T={t}), got {tuple(known.shape)}")
+        shuffled = shuffle_within_responses(known.float(), batch) if config.oracle_shuffle > 0 else None
+        weights = oracle_weights(known, batch.mask, config.lam, config.w_max, shuffled, config.oracle_shuffle)
     elif needs in ("joint", "entropy"):
         what = "joint relevance (N, T)" if needs == "joint" else "the policy's per-token entropy (N, T)"
         token_map = _require(batch.joint_relevance if needs == "joint" else batch.entropy, what, needs)
@@ -298,6 +309,12 @@ def _entropy(batch: CreditBatch, config: CreditConfig) -> Tensor:
                  description="MRTPO on each reward's map less its map under another prompt's evidence")
 def _mrtpo_contrastive(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _weighted(batch, config, "contrastive")
+
+
+@register_method("oracle", needs="oracle",
+                 description="upper bound: each reward's advantage on the positions the task knows it reads")
+def _oracle(batch: CreditBatch, config: CreditConfig) -> Tensor:
+    return _weighted(batch, config, "oracle")
 
 
 @register_method("mrtpo-shuffled", needs="per_reward", transform=shuffle_within_responses,

@@ -102,6 +102,9 @@ def warm_start(task, spec: PolicySpec, out: Path, log=logger.info) -> dict[str, 
     """Train ``spec``'s model on the task's demonstrations and save it (with its tokenizer) to ``out``."""
     tokenizer = gym_tokenizer()
     model = build_model(spec, tokenizer)
+    init = getattr(task, "warm_init", None)
+    if init is not None:  # a family that starts from another family's warm start (gym-long)
+        init(model, spec)
     model.train()
     rng = random.Random(f"warm/{spec.seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)

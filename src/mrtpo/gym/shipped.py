@@ -20,7 +20,7 @@ from typing import Any
 
 POLICIES_DIR = Path(__file__).resolve().parent / "policies"
 #: sha256 of ``policies/MANIFEST.json`` (printed by scripts/build_gym_policies.py).
-SHIPPED_MANIFEST_SHA256 = "91f4267bad59ecb8be8b75976e34cbccdfe5b098a315636da136858c348f7b62"
+SHIPPED_MANIFEST_SHA256 = "80edc54b34730fbbf71e24633d45780d2a2ac1c9db2ca3538ca6ad6a4c293cad"
 
 
 class ShippedPolicyError(RuntimeError):

@@ -1,5 +1,6 @@
 """The gym tasks: ``gym-constraints``, ``gym-answer``, ``gym-call``, ``gym-overlap`` (the control) and
-``gym-tradeoff`` (rewards that trade off inside a response). :mod:`mrtpo.tasks` registers them
+``gym-tradeoff`` (rewards that trade off inside a response) and ``gym-long`` (long high-entropy filler,
+rules read at 1–2 tokens). :mod:`mrtpo.tasks` registers them
 (:data:`FAMILIES`) like the real ones; nothing here knows of the registry.
 
 Each task generates its train and held-out prompts from a seed (held-out prompts from another
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mrtpo.counterfactual import DEFAULT_PRIVILEGED_HEADER, append_privileged
-from mrtpo.gym import answer, call, constraints
+from mrtpo.gym import answer, call, constraints, long
 from mrtpo.gym.base import GymVerifier, Words, example_rng
 from mrtpo.task_base import Task
 from mrtpo.verifiers import Example
@@ -111,6 +112,8 @@ class GymTask(Task):
     @property
     def max_new_tokens(self) -> int:
         """Room for the longest answer the family asks for (and a few words of slack)."""
+        if isinstance(self, LongTask):
+            return self.settings.length + self.settings.length // 4 + 8
         return 2 * self.settings.length + 8 if isinstance(self, ConstraintsTask) else 4 * self.settings.num_items + 16
 
     def evaluate(self, outputs: list[str], examples: list[Example]) -> dict[str, Any]:
@@ -298,12 +301,67 @@ class TradeoffTask(ConstraintsTask):
         return constraints.without_clauses(example, hidden), words
 
 
+class LongTask(GymTask):
+    """64 or 128 words of uniform filler and ``num_clauses`` (3–6) rules each read at 1–2 tokens
+    (:mod:`mrtpo.gym.long`); defaults: 4 rules, 64 words."""
+
+    name = "gym-long"
+    # short: long rows are slow on a CPU, and RL needs room above the start; the filler's unigram and the
+    # end of turn are learnt in the first hundred steps
+    warm_start_steps = 150
+
+    def __init__(self, **settings: Any) -> None:
+        settings.setdefault("num_clauses", 4)
+        settings.setdefault("length", 64)
+        super().__init__(**settings)
+
+    def _make_verifiers(self):
+        return long.verifiers(self.settings.num_clauses)
+
+    def cache_key(self):
+        """One warm start serves 3–6 rules and both lengths: it is trained on a mixture."""
+        key = super().cache_key()
+        key.pop("num_clauses")
+        key.pop("length")
+        key.pop("num_items")
+        return {**key, "init": WARM_INIT}
+
+    def warm_init(self, model, spec) -> None:
+        """Start the warm start from ``gym-constraints``' warm start of the same seed: it already copies
+        a rule's word from the prompt to the response, which 150 steps on long rows alone do not teach
+        (the rule words' probability stays below the filler's); the 150 steps here teach the filler,
+        the lengths and this prompt's form."""
+        source, _ = ConstraintsTask(policy={"seed": spec.seed}).policy()
+        model.load_state_dict(source.state_dict())
+
+    def reward_kind(self, example, name):
+        return example.gold["clauses"][int(name[1:]) - 1]["kind"]
+
+    def warm_example(self, rng):
+        return long.make_example(rng, "warm", "warm", num_rules=rng.randint(long.MIN_RULES, long.MAX_RULES),
+                                 length=rng.choice(long.LENGTHS))
+
+    def _make_example(self, rng, example_id, split):
+        return long.make_example(rng, example_id, split, num_rules=self.settings.num_clauses,
+                                 length=self.settings.length)
+
+    def demonstration(self, example, rng):
+        n = len(example.gold["clauses"])
+        hidden = [False] * n
+        if rng.random() < 0.3:
+            hidden[rng.randrange(n)] = True
+        words = long.demonstrate(example, rng, self.settings.p_follow, visible=[not h for h in hidden])
+        return long.without_rules(example, hidden), words
+
+
+#: The family whose warm start of the same seed initialises gym-long's (:meth:`LongTask.warm_init`).
+WARM_INIT = "gym-constraints"
 #: The trade-off family's two rules and the demonstrator's chance of meeting both.
 TRADEOFF_KINDS = ("start", "end")
 TRADEOFF_BOTH = 0.1
 
 #: Every gym family, in the order of :data:`mrtpo.tasks.GYM_TASK_NAMES` (which registers them by ``name``).
-FAMILIES: tuple[type[GymTask], ...] = (ConstraintsTask, AnswerTask, CallTask, OverlapTask, TradeoffTask)
+FAMILIES: tuple[type[GymTask], ...] = (ConstraintsTask, AnswerTask, CallTask, OverlapTask, TradeoffTask, LongTask)
 
 __all__ = ["FAMILIES", "HELDOUT_METRICS", "SPLITS", "TRADEOFF_BOTH", "TRADEOFF_KINDS", "AnswerTask", "CallTask",
-           "ConstraintsTask", "GymSettings", "GymTask", "OverlapTask", "TradeoffTask"]
+           "ConstraintsTask", "GymSettings", "GymTask", "LongTask", "OverlapTask", "TradeoffTask"]

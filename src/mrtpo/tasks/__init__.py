@@ -22,7 +22,8 @@ _BUILTIN_MODULES: dict[str, str] = {
     "sql": "mrtpo.tasks.sql",
 }
 #: The credit gym's families (classes in :mod:`mrtpo.gym.task`, listed there as ``FAMILIES``).
-GYM_TASK_NAMES: tuple[str, ...] = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff")
+GYM_TASK_NAMES: tuple[str, ...] = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff",
+                                   "gym-long")
 #: Names of the built-in tasks (the real benchmarks, then the credit gym's synthetic families).
 TASK_NAMES: tuple[str, ...] = (*_BUILTIN_MODULES, *GYM_TASK_NAMES)
 

@@ -70,6 +70,9 @@ class MRTPOConfig(GRPOConfig):
     weight_mean: str = _setting("response", (
         "divide a map by its mean over the response (mean weight 1 per response) or over the batch "
         "(mean 1 over the batch only; a response's tokens then need not average to its sequence advantage)"))
+    oracle_shuffle: float = _setting(0.0, (
+        "method oracle only: share q of its known-position mask moved to random tokens of the response "
+        "(0: the oracle; the dose-response runs q in 0, .25, .5, .75)"))
     relevance_chunk_size: int | None = _setting(None, "positions per relevance chunk; None: auto")
     relevance_top_k: int | None = _setting(None, "top-k approximation of the JS sum; None: exact")
     replay_micro_batch: int | None = _setting(None, (
@@ -114,6 +117,8 @@ class MRTPOConfig(GRPOConfig):
             raise ValueError(f"lam must be in [0, 1], got {self.lam}")
         if self.w_max is not None and self.w_max < 1.0:
             raise ValueError(f"w_max must be >= 1 (weights average to 1) or None, got {self.w_max}")
+        if not 0.0 <= self.oracle_shuffle <= 1.0:
+            raise ValueError(f"oracle_shuffle must be in [0, 1], got {self.oracle_shuffle}")
         if self.reward_lam is not None and not all(0.0 <= float(v) <= 1.0 for v in self.reward_lam):
             raise ValueError(f"every reward_lam entry must be in [0, 1], got {list(self.reward_lam)}")
         # the weight shape's own checks (a wrong weighting, weight_mean or rank_power fails here)

@@ -50,6 +50,7 @@ from trl import GRPOTrainer
 
 from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
 from mrtpo.fast_decode import fast_sampling
+from mrtpo.known_positions import known_position_mask, knows_positions
 from mrtpo.model_calls import ForwardCounter, autocast_outputs
 from mrtpo.packing import can_pack, packed_logps
 from mrtpo.replay import run_replay_plan
@@ -115,6 +116,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             lam=self.args.lam, w_max=self.args.w_max, batch_norm=self.args.credit_batch_norm,
             reward_weights=self.reward_weights.tolist(), reward_lam=self.args.reward_lam,
             weighting=self.args.weighting, rank_power=self.args.rank_power, weight_mean=self.args.weight_mean,
+            oracle_shuffle=self.args.oracle_shuffle,
         )
         if self.args.reward_lam is not None and len(self.args.reward_lam) != len(self.reward_funcs):
             raise ValueError(f"reward_lam has {len(self.args.reward_lam)} entries for {len(self.reward_funcs)} "
@@ -126,6 +128,11 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
                     f"method {self.args.method!r} needs rewards with evidence, but none of {self.reward_func_names} "
                     "declares any: decorate them with @mrtpo.evidence(...) or wrap task verifiers in VerifierReward")
             self._check_evidence(self.train_dataset)
+        if context_rule(self.credit_method.needs).known and not any(
+                isinstance(f, VerifierReward) and knows_positions(f.verifier, f.spans_of) for f in self.reward_funcs):
+            raise ValueError(f"method {self.args.method!r} weights the positions a task knows each reward "
+                             f"reads, but none of {self.reward_func_names} knows them: use a gym task or one "
+                             "with checked_spans")
         self._last_rewards: Tensor | None = None
         self._update_skips_zero_rows = self._skips_zero_rows()
         self._timing = {"generation": 0.0, "scoring": 0.0, "replay": 0.0}
@@ -295,6 +302,24 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self._replay_counts = plan.counts()
         return {**{key: m.cpu() if m is not None else None for key, m in maps.items()}, "skipped": plan.skipped()}
 
+    def _known_positions(self, inputs: list[dict], out: dict, checked_spans: bool = True) -> Tensor | None:
+        """``(B, K, T)`` float: 1 on the positions the task knows each reward reads in this process's completions
+        (:func:`mrtpo.known_positions.known_position_mask`: what the ``oracle`` weights, and where the
+        ``credit/*/lift`` metrics are measured); ``None`` when no reward's are known. ``checked_spans=False``:
+        the gym verifiers' ground truth only (no per-token decoding of a real task's spans)."""
+        known = [f if isinstance(f, VerifierReward) and knows_positions(f.verifier, f.spans_of if checked_spans
+                                                                            else None) else None
+                 for f in self.reward_funcs]
+        first = next((f for f in known if f is not None), None)
+        if first is None:
+            return None
+        ids = out["completion_ids"].cpu()
+        rows = [ids[j, :n].tolist() for j, n in enumerate(out["completion_mask"].sum(-1).long().tolist())]
+        texts = [self.processing_class.decode(r, skip_special_tokens=True) for r in rows]
+        return known_position_mask([f.verifier if f else None for f in known],
+                                   [first.examples[row["example_id"]] for row in inputs], texts, rows, ids.shape[1],
+                                   self.processing_class, first.spans_of if checked_spans else None)
+
     def _agree_forward_calls(self, calls: int) -> int:
         """The maximum over ranks of the replay forward calls each rank will make.
 
@@ -328,10 +353,14 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         coefficients = reward_coefficients(self._last_rewards, self.num_generations, self.credit_config.reward_weights)
         start = time.perf_counter()
         local = coefficients[rows] if self.args.skip_zero_advantage else None  # None: every map is computed
-        maps = self._replay(inputs, out, local) if context_rule(self.credit_method.needs).replays else {}
+        rule = context_rule(self.credit_method.needs)
+        maps = self._replay(inputs, out, local) if rule.replays else {}
+        if rule.known:
+            maps["known_positions"] = self._known_positions(inputs, out)
         self._timing["replay"] += time.perf_counter() - start
 
         batch = CreditBatch(rewards=self._last_rewards, group_size=self.num_generations, mask=mask, rows=rows,
+                            known_positions=maps.get("known_positions"),
                             **{field: maps.get(field) for field in CREDIT_FIELDS})
         advantages = self.credit_method(batch, self.credit_config)
         sequence = self.credit_method.sequence_advantages(batch, self.credit_config)
@@ -373,7 +402,7 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         zero_spread = (group_adv == 0).all(1).double().mean(0)
         for name, share in zip(self.reward_func_names, zero_spread.tolist()):
             self._metrics["train"][f"skip/zero_spread/{name}"].append(share)
-        if not maps:
+        if "skipped" not in maps:  # nothing was replayed (a method without replays)
             return
         counts = self._replay_counts
         local = torch.tensor(list(counts.values()), dtype=torch.float64, device=self.accelerator.device)
@@ -452,8 +481,10 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         keys = credit_metric_keys(self.reward_func_names)
         local = credit_metric_sums(weights, lengths, self.reward_func_names, skipped=maps.get("skipped"),
                                    relevance=maps.get("relevance"), has_evidence=maps.get("has_evidence"))
-        relevant = self._known_positions(inputs, out, lengths)
+        known = maps.get("known_positions")
+        relevant = known if known is not None else self._known_positions(inputs, out, checked_spans=False)
         if relevant is not None:  # lift, E[w²] and predicted G on the tokens each reward is known to read
+            relevant = relevant.bool()
             keys = keys + signal_metric_keys(self.reward_func_names)
             local = torch.cat([local, signal_metric_sums(weights, relevant, lengths, self.reward_func_names,
                                                          skipped=maps.get("skipped"))])
@@ -464,24 +495,6 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             self._metrics["train"][key].append(value)
         if self.args.credit_samples and self.accelerator.is_main_process:
             self._write_credit_samples(inputs, out, batch, weights, advantages, maps)
-
-    def _known_positions(self, inputs, out, lengths: list[int]) -> Tensor | None:
-        """``(B, K, T)`` bool: the tokens each reward is known to read, from the ground truth of verifiers
-        that report it (``verifier.positions(words, example)``: the gym's, whose tokens are words, so word
-        ``i`` is token ``i``); ``None`` when no reward does."""
-        known = [f if isinstance(f, VerifierReward) and callable(getattr(f.verifier, "positions", None)) else None
-                 for f in self.reward_funcs]
-        if not any(known):
-            return None
-        ids = out["completion_ids"].cpu()
-        relevant = torch.zeros(len(lengths), len(known), ids.shape[1], dtype=torch.bool)
-        for j, (row, n) in enumerate(zip(inputs, lengths)):
-            words = self.processing_class.decode(ids[j, :n].tolist(), skip_special_tokens=True).split()
-            for k, f in enumerate(known):
-                if f is not None:
-                    example = f.examples[row["example_id"]]
-                    relevant[j, k, [p for p in f.verifier.positions(words, example) if p < n]] = True
-        return relevant
 
     def _write_credit_samples(self, inputs, out, batch, weights, advantages, maps) -> None:
         """Append this step's first ``credit_samples`` completions to ``credit_samples.jsonl``, each with
