@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE, REPLAY = "mrtpo/trainer/core.py", "mrtpo/replay.py"
+CORE, REPLAY_STEP, REPLAY = "mrtpo/trainer/core.py", "mrtpo/trainer/replay_step.py", "mrtpo/replay.py"
 SETTINGS = "tests/test_trainer_settings.py"
 DIRECTIONS = "tests/test_replay_directions.py"
 RESUME = "tests/test_trainer_resume_settings.py"
@@ -30,10 +30,10 @@ RESUME = "tests/test_trainer_resume_settings.py"
 #: name -> (file under src/, text, its replacement, test files to run)
 MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "replay_without_temperature": (
-        CORE, "temperature=self.temperature, chunk_size=self.args.relevance_chunk_size,",
+        REPLAY_STEP, "temperature=self.temperature, chunk_size=self.args.relevance_chunk_size,",
         "temperature=1.0, chunk_size=self.args.relevance_chunk_size,", [SETTINGS]),
-    "relevance_always_js": (CORE, "kind=self.args.relevance,", 'kind="js",', [SETTINGS]),
-    "relevance_top_k_ignored": (CORE, "top_k=self.args.relevance_top_k,", "top_k=None,", [SETTINGS]),
+    "relevance_always_js": (REPLAY_STEP, "kind=self.args.relevance,", 'kind="js",', [SETTINGS]),
+    "relevance_top_k_ignored": (REPLAY_STEP, "top_k=self.args.relevance_top_k,", "top_k=None,", [SETTINGS]),
     "w_max_dropped": (CORE, "w_max=self.args.w_max,", "w_max=None,", [SETTINGS]),
     "reward_weights_dropped": (CORE, "reward_weights=self.reward_weights.tolist(),", "reward_weights=None,",
                                [SETTINGS]),
@@ -49,7 +49,7 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "lam_dropped": (CORE, "lam=self.args.lam,", "lam=1.0,", [SETTINGS]),
     "reward_lam_dropped": (CORE, "reward_lam=self.args.reward_lam,", "reward_lam=None,", [SETTINGS]),
     "credit_batch_norm_dropped": (CORE, "batch_norm=self.args.credit_batch_norm,", "batch_norm=True,", [SETTINGS]),
-    "privileged_header_dropped": (CORE, "header=self.args.privileged_header, ", "", [SETTINGS]),
+    "privileged_header_dropped": (REPLAY_STEP, "header=self.args.privileged_header, ", "", [SETTINGS]),
     "method_ignored": (CORE, "self.credit_method = get_method(self.args.method)",
                        'self.credit_method = get_method("mrtpo")', [SETTINGS]),
     "kernel_without_temperature": (REPLAY, "temperature, top_k)", "1.0, top_k)", [DIRECTIONS, SETTINGS]),

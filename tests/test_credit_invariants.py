@@ -23,7 +23,10 @@ from mrtpo.credit import (
 
 N_PROMPTS, GROUP, K, T = 3, 4, 3, 7
 #: Shape of each optional map field of CreditBatch: a new field needs its shape here (the test says so).
-MAP_SHAPES = {"relevance": (K, T), "decoy_relevance": (K, T), "joint_relevance": (T,), "entropy": (T,)}
+MAP_SHAPES = {"relevance": (K, T), "decoy_relevance": (K, T), "joint_relevance": (T,), "entropy": (T,),
+              "known_positions": (K, T)}
+#: Fields that are 0/1 masks rather than maps (random: each position known with probability 1/3; flat: all known).
+MASKS = ("known_positions",)
 CONFIGS = {"paper": CreditConfig(lam=1.0), "bounded": CreditConfig(lam=0.2, w_max=1.2),
            "weighted": CreditConfig(lam=0.7, w_max=2.0, reward_weights=[1.0, 0.5, 2.0])}
 
@@ -41,7 +44,10 @@ def full_batch(seed: int = 0, flat: bool = False) -> CreditBatch:
         if field.name not in MAP_SHAPES:
             raise AssertionError(f"CreditBatch.{field.name} is new: give its shape in MAP_SHAPES")
         shape = (n, *MAP_SHAPES[field.name])
-        values = torch.full(shape, 0.5) if flat else torch.rand(shape, generator=gen) + 0.01
+        if field.name in MASKS:
+            values = torch.ones(shape) if flat else (torch.rand(shape, generator=gen) < 1 / 3).float()
+        else:
+            values = torch.full(shape, 0.5) if flat else torch.rand(shape, generator=gen) + 0.01
         maps[field.name] = values * mask.view(n, *([1] * (len(shape) - 2)), T)
     if flat and "decoy_relevance" in maps:
         maps["decoy_relevance"] = torch.zeros_like(maps["decoy_relevance"])  # contrastive: map less decoy is flat

@@ -460,7 +460,7 @@ def test_bf16_trainer_replays_on_bf16_logits_with_the_same_maps(tmp_path, monkey
     import contextlib
 
     import mrtpo.replay as replay_module
-    import mrtpo.trainer.core as trainer_module
+    import mrtpo.trainer.replay_step as trainer_module
     from tests.test_trainer import char_code, has_letter_e, make_trainer, plain_length
 
     dtypes, maps = [], {}

@@ -15,7 +15,7 @@ import yaml
 
 import mrtpo.replay
 import mrtpo.train
-import mrtpo.trainer.core
+import mrtpo.trainer.replay_step
 from mrtpo.train import main
 
 GYM = ["--task", "gym-constraints", "--model", "gym"]
@@ -58,7 +58,7 @@ def train_recorded(monkeypatch, argv) -> Recorder:
     and the credit."""
     recorder = Recorder()
     build, replay, texts = mrtpo.train.build_trainer, mrtpo.replay.batch_relevance, \
-        mrtpo.trainer.core.counterfactual_texts
+        mrtpo.trainer.replay_step.counterfactual_texts
 
     def building(*args, **kwargs):
         trainer = build(*args, **kwargs)
@@ -76,7 +76,7 @@ def train_recorded(monkeypatch, argv) -> Recorder:
     with monkeypatch.context() as m:
         m.setattr(mrtpo.train, "build_trainer", building)
         m.setattr(mrtpo.replay, "batch_relevance", replaying)  # what run_replay_plan calls
-        m.setattr(mrtpo.trainer.core, "counterfactual_texts", rendering)
+        m.setattr(mrtpo.trainer.replay_step, "counterfactual_texts", rendering)
         recorder.exit_code = main(argv)
     return recorder
 

@@ -1,6 +1,7 @@
 """The TRL side of MRTPO: :class:`MRTPOTrainer` (a ``GRPOTrainer`` subclass) and :class:`MRTPOConfig`.
 
-- :mod:`mrtpo.trainer.core`: the trainer (rewards, replays, token advantages into TRL's loss);
+- :mod:`mrtpo.trainer.core`: the trainer (rewards, token advantages into TRL's loss), with its two halves
+  :mod:`mrtpo.trainer.replay_step` (the evidence replays) and :mod:`mrtpo.trainer.credit_log` (the credit logs);
 - :mod:`mrtpo.trainer.config`: ``MRTPOConfig`` and the keys the trainer shares with it;
 - :mod:`mrtpo.trainer.metrics`: the credit metrics and the JSONL logs, pure functions of tensors;
 - :mod:`mrtpo.trainer.card`: the model card (MRTPO, its paper, the base model);

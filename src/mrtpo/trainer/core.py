@@ -48,25 +48,17 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
-from mrtpo.credit import CreditBatch, CreditConfig, get_method, group_normalize, reward_coefficients
+from mrtpo.credit import CreditBatch, CreditConfig, get_method, reward_coefficients
 from mrtpo.fast_decode import fast_sampling
-from mrtpo.known_positions import known_position_mask, knows_positions
-from mrtpo.model_calls import ForwardCounter, autocast_outputs
+from mrtpo.known_positions import knows_positions
 from mrtpo.packing import can_pack, packed_logps
-from mrtpo.replay import run_replay_plan
-from mrtpo.replay_passes import replay_forward_calls
 from mrtpo.replay_plan import (
     CREDIT_FIELDS,
-    GroupPlan,
     context_rule,
-    counterfactual_texts,
-    group_rows,
     needs_evidence,
-    plan_group,
-    plan_replays,
 )
 from mrtpo.reward_calls import check_reward_calls
-from mrtpo.rewards import VerifierReward, checked_reward_funcs, declares_evidence, evidence_for
+from mrtpo.rewards import VerifierReward, checked_reward_funcs, declares_evidence
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer.card import ModelCardMixin
 from mrtpo.trainer.config import (
@@ -77,22 +69,17 @@ from mrtpo.trainer.config import (
     ZERO_ADVANTAGE_KEY,
     MRTPOConfig,
 )
+from mrtpo.trainer.credit_log import CreditLogMixin
 from mrtpo.trainer.metrics import (
     MetricsJSONL,
-    append_samples,
-    credit_metric_keys,
-    credit_metric_sums,
     peak_memory_gib,
-    predicted_gains,
-    signal_metric_keys,
-    signal_metric_sums,
 )
+from mrtpo.trainer.replay_step import ReplayStepMixin
 from mrtpo.trainer.update_rows import rows_that_move
 from mrtpo.validation import check_train_dataset
-from mrtpo.verifiers import Evidence
 
 
-class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
+class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer):
     """GRPOTrainer whose advantages are token-level and reward-specific (see the module docstring).
 
     ``reward_funcs`` are ordinary TRL reward functions; those that declare evidence (the
@@ -153,29 +140,6 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         return (self.args.skip_zero_advantage and self.loss_type in GLOBAL_NORMALISER_LOSSES and self.beta == 0.0
                 and not self._entropy_bonus_enabled and self.top_entropy_quantile == 1.0 and not self.aux_loss_enabled)
 
-    def _check_evidence(self, dataset: Any) -> None:
-        """Build every row's counterfactual prompts once, before training.
-
-        A missing or repeated ``in_prompt`` span then fails on every rank at start-up with the
-        reward and example named, instead of failing one rank mid-run while the others wait.
-        Streaming datasets (no length) are checked lazily, during the replays.
-        """
-        if dataset is None or not hasattr(dataset, "__len__"):
-            return
-        for row in dataset:
-            evidences = self._evidences(row)
-            group = plan_group([0], evidences, [True] * len(evidences), self.credit_method.needs)
-            self._counterfactual_texts(row, group)
-
-    def _evidences(self, row: dict) -> list[Evidence | None]:
-        """Each reward's evidence for this row's prompt (``None``: the reward declares none)."""
-        return [evidence_for(f, row) if has else None for f, has in zip(self.reward_funcs, self._with_evidence)]
-
-    def _counterfactual_texts(self, row: dict, group: GroupPlan) -> list[str]:
-        """The group's counterfactual prompts, rendered as TRL renders the prompt (:mod:`mrtpo.replay_plan`)."""
-        return counterfactual_texts(group, row["prompt"], self.reward_func_names, self._render,
-                                    header=self.args.privileged_header, example_id=str(row.get("example_id", "?")))
-
     # --- timing wrappers -------------------------------------------------------------------
     def _generate(self, prompts: list):
         start = time.perf_counter()
@@ -228,115 +192,6 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
         self._metrics["train"]["time/update"].append(total - sum(spent.values()))
         self._metrics["train"]["memory/peak_gib"].append(peak_memory_gib(self.accelerator.device))
         return loss
-
-    # --- contexts ----------------------------------------------------------------------------
-    def _render(self, prompt: Any) -> str:
-        """The prompt string exactly as TRL renders it for generation."""
-        if isinstance(prompt, str):
-            return prompt
-        return self.processing_class.apply_chat_template(
-            prompt, tools=self.tools or None, chat_template=self.chat_template,
-            add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs,
-        )
-
-    def _tokenize(self, prompt: Any, text: str) -> list[int]:
-        # TRL tokenizes string prompts with the tokenizer's special tokens, chat prompts without.
-        return self.processing_class(text=text, add_special_tokens=isinstance(prompt, str))["input_ids"]
-
-    def _replay(self, inputs: list[dict], out: dict, coefficients: Tensor | None = None) -> dict[str, Tensor | None]:
-        """Relevance maps for this process's completions, as the credit method needs them.
-
-        Completions of the same prompt are replayed together (:func:`mrtpo.replay.batch_relevance`): each
-        context's prompt is encoded once per pass, its KV cache shared by the group's completions,
-        and up to ``replay_groups_per_pass`` groups share a pass's three forward calls.
-        ``coefficients`` ``(B, K)``: each completion's reward coefficients ``ω_k Â[j,k]``; a map that
-        only multiplies zero coefficients is not computed (``None``: compute every map).
-        Every rank first plans its groups and agrees with the others on the maximum number of forward calls,
-        then replays and pads with dummy calls up to it, so sharded models (FSDP, ZeRO-3) and DDP stay in lockstep.
-        """
-        was_training = self.model.training
-        self.model.eval()  # dropout off: the two contexts must differ only by the evidence
-        try:  # under mixed precision, autocast's bf16 logits: no fp32 copy of them
-            with autocast_outputs(self.model):
-                return self._replay_eval_mode(inputs, out, coefficients)
-        finally:
-            self.model.train(was_training)
-
-    def _replay_eval_mode(self, inputs: list[dict], out: dict, coefficients: Tensor | None) -> dict[str, Tensor | None]:
-        # the step's few device tensors the plan reads come to the host once, as lists: the plan itself
-        # (per group and per row) then makes no host sync, however many groups there are
-        lengths = out["completion_mask"].sum(-1).long().cpu()
-        prompt_ids, prompt_mask = out["prompt_ids"].tolist(), out["prompt_mask"].tolist()
-        base_ids = [[token for token, keep in zip(ids, keeps) if keep] for ids, keeps in zip(prompt_ids, prompt_mask)]
-        groups = group_rows([(str(row.get("example_id", j)), tuple(base_ids[j])) for j, row in enumerate(inputs)])
-        nonzero = None if coefficients is None else (coefficients != 0).tolist()
-        plan = plan_replays(groups, [self._evidences(inputs[rows[0]]) for rows in groups], lengths.tolist(),
-                            self.credit_method.needs, nonzero)
-        micro_batch, per_pass = self.args.replay_micro_batch, self.args.replay_groups_per_pass
-        packed = self.args.packed_sequences and can_pack(self.model)
-        calls = {}
-
-        def contexts_of(group) -> list[list[int]]:
-            row = inputs[group.rows[0]]
-            return [base_ids[group.rows[0]]] + [self._tokenize(row["prompt"], text)
-                                                for text in self._counterfactual_texts(row, group)]
-
-        def agree(replays) -> None:  # every group's contexts first: the call count is agreed before any call
-            calls["planned"] = replay_forward_calls([r.contexts for r in replays], [len(r.lengths) for r in replays],
-                                                    micro_batch, per_pass, packed)
-            calls["target"] = self._agree_forward_calls(calls["planned"])
-
-        counter = ForwardCounter()
-        # one host copy of the ids (each pass sends its rows back in one); the maps stay on the device until
-        # the step's last replay: one host copy per step
-        maps = run_replay_plan(self.model, plan, contexts_of, out["completion_ids"].cpu(), lengths,
-                               device=self.accelerator.device, on_replays=agree, kind=self.args.relevance,
-                               temperature=self.temperature, chunk_size=self.args.relevance_chunk_size,
-                               top_k=self.args.relevance_top_k, micro_batch=micro_batch, groups_per_pass=per_pass,
-                               counter=counter, on_device=True, packed=packed)
-        if counter.calls != calls["planned"]:
-            raise RuntimeError(f"replay made {counter.calls} forward calls but planned {calls['planned']}: "
-                               "replay_forward_calls no longer matches mrtpo.replay.pass_context_logits")
-        self._pad_forward_calls(calls["target"] - counter.calls)
-        self.replay_forward_calls = calls["target"]
-        self._replay_counts = plan.counts()
-        return {**{key: m.cpu() if m is not None else None for key, m in maps.items()}, "skipped": plan.skipped()}
-
-    def _known_positions(self, inputs: list[dict], out: dict, checked_spans: bool = True) -> Tensor | None:
-        """``(B, K, T)`` float: 1 on the positions the task knows each reward reads in this process's completions
-        (:func:`mrtpo.known_positions.known_position_mask`: what the ``oracle`` weights, and where the
-        ``credit/*/lift`` metrics are measured); ``None`` when no reward's are known. ``checked_spans=False``:
-        the gym verifiers' ground truth only (no per-token decoding of a real task's spans)."""
-        known = [f if isinstance(f, VerifierReward) and knows_positions(f.verifier, f.spans_of if checked_spans
-                                                                            else None) else None
-                 for f in self.reward_funcs]
-        first = next((f for f in known if f is not None), None)
-        if first is None:
-            return None
-        ids = out["completion_ids"].cpu()
-        rows = [ids[j, :n].tolist() for j, n in enumerate(out["completion_mask"].sum(-1).long().tolist())]
-        texts = [self.processing_class.decode(r, skip_special_tokens=True) for r in rows]
-        return known_position_mask([f.verifier if f else None for f in known],
-                                   [first.examples[row["example_id"]] for row in inputs], texts, rows, ids.shape[1],
-                                   self.processing_class, first.spans_of if checked_spans else None)
-
-    def _agree_forward_calls(self, calls: int) -> int:
-        """The maximum over ranks of the replay forward calls each rank will make.
-
-        Exchanged *before* any replay forward: under ZeRO-3 / FSDP every forward is itself a
-        collective, so an exchange after a rank's last call would meet another rank's next forward.
-        """
-        if self.accelerator.num_processes == 1:
-            return calls
-        counts = self.accelerator.gather(torch.tensor([calls], device=self.accelerator.device))
-        return int(counts.max().item())
-
-    @torch.no_grad()
-    def _pad_forward_calls(self, count: int) -> None:
-        """``count`` one-token dummy forwards, so this rank makes as many replay calls as the others."""
-        dummy = torch.tensor([[self.processing_class.pad_token_id or 0]], device=self.accelerator.device)
-        for _ in range(count):
-            self.model(input_ids=dummy, use_cache=False)
 
     # --- the one real override -----------------------------------------------------------------
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -393,33 +248,6 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             zero = (coefficients == 0).all(1)
         return zero.cpu() | (mask.sum(1) == 0)
 
-    def _log_skips(self, maps: dict) -> None:
-        """Per step: each reward's share of groups with zero spread (from the gathered rewards), and,
-        summed over processes, the completions and counterfactual contexts replayed and skipped (the
-        completions the update leaves out are logged per micro-batch, by ``_compute_loss``)."""
-        k = self._last_rewards.shape[1]
-        group_adv = group_normalize(self._last_rewards, self.num_generations).view(-1, self.num_generations, k)
-        zero_spread = (group_adv == 0).all(1).double().mean(0)
-        for name, share in zip(self.reward_func_names, zero_spread.tolist()):
-            self._metrics["train"][f"skip/zero_spread/{name}"].append(share)
-        if "skipped" not in maps:  # nothing was replayed (a method without replays)
-            return
-        counts = self._replay_counts
-        local = torch.tensor(list(counts.values()), dtype=torch.float64, device=self.accelerator.device)
-        summed = self.accelerator.gather(local).view(-1, len(counts)).sum(0).cpu().tolist()
-        for key, value in zip(counts, summed):
-            self._metrics["train"][f"skip/{key}"].append(value)
-
-    def _log_trained_advantages(self, advantages: Tensor, mask: Tensor) -> None:
-        """Put each completion's trained advantage (the mean over its tokens, ``(B, T)`` → ``(B,)``,
-        gathered over processes) in place of TRL's in the completions table TRL logs."""
-        local = (advantages * mask).sum(1) / mask.sum(1).clamp_min(1)
-        trained = self.accelerator.gather(local.to(self.accelerator.device)).cpu().tolist()
-        logged = self._logs["advantages"]
-        for _ in range(min(len(trained), len(logged))):
-            logged.pop()
-        logged.extend(trained)
-
     # --- the update's forward: each distinct prompt once ------------------------------------------
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **extra):
@@ -471,42 +299,6 @@ class MRTPOTrainer(ModelCardMixin, GRPOTrainer):
             raise RuntimeError("the off-policy mask needs the batch's sequence advantages, which it does not carry")
         return GRPOTrainer.get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask,
                                                off_policy_threshold)
-
-    def _log_credit(self, inputs, out, batch: CreditBatch, maps: dict, advantages: Tensor) -> None:
-        """Per-reward credit metrics over the global batch (:func:`mrtpo.trainer.metrics.credit_metric_sums`:
-        each rank sums its completions, one gather of the ``(sum, count)`` pairs makes global means),
-        and a few completions' token weights for the token-credit view."""
-        weights = self.credit_method.weights(batch, self.credit_config)
-        lengths = batch.mask.sum(-1).long().tolist()
-        keys = credit_metric_keys(self.reward_func_names)
-        local = credit_metric_sums(weights, lengths, self.reward_func_names, skipped=maps.get("skipped"),
-                                   relevance=maps.get("relevance"), has_evidence=maps.get("has_evidence"))
-        known = maps.get("known_positions")
-        relevant = known if known is not None else self._known_positions(inputs, out, checked_spans=False)
-        if relevant is not None:  # lift, E[w²] and predicted G on the tokens each reward is known to read
-            relevant = relevant.bool()
-            keys = keys + signal_metric_keys(self.reward_func_names)
-            local = torch.cat([local, signal_metric_sums(weights, relevant, lengths, self.reward_func_names,
-                                                         skipped=maps.get("skipped"))])
-        summed = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, len(keys), 2).sum(0).cpu()
-        means = {key: total / count for key, (total, count) in zip(keys, summed.tolist()) if count > 0}
-        means.update(predicted_gains(means, self.reward_func_names))
-        for key, value in means.items():
-            self._metrics["train"][key].append(value)
-        if self.args.credit_samples and self.accelerator.is_main_process:
-            self._write_credit_samples(inputs, out, batch, weights, advantages, maps)
-
-    def _write_credit_samples(self, inputs, out, batch, weights, advantages, maps) -> None:
-        """Append this step's first ``credit_samples`` completions to ``credit_samples.jsonl``, each with
-        the rewards that had no spread in its group (the report says "skipped" rather than "uniform")."""
-        g = self.num_generations
-        flat = (group_normalize(self._last_rewards, g).view(-1, g, self._last_rewards.shape[1]) == 0).all(1)
-        append_samples(Path(self.args.output_dir) / "credit_samples.jsonl", inputs[:self.args.credit_samples],
-                       out["completion_ids"], batch.mask, batch.local_rewards(), weights, advantages,
-                       maps.get("relevance"), step=self.state.global_step, method=self.args.method,
-                       names=self.reward_func_names, decode=self.processing_class.decode,
-                       no_spread=flat.repeat_interleave(g, 0)[batch.rows or slice(None)])
-
 
 __all__ = ["GLOBAL_NORMALISER_LOSSES", "SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES", "TRL_AGGREGATION",
            "ZERO_ADVANTAGE_KEY", "MRTPOConfig", "MRTPOTrainer", "MetricsJSONL"]
