@@ -33,7 +33,7 @@ FLOORS = {
     "tasks": 4, "trainer": 4,
     "evaluate": 5, "report": 5, "warm_start": 5,
     "config": 6, "demo": 6, "explain": 6,
-    "cli_args": 7, "saved_config": 7, "task_pin": 7,
+    "cli_args": 7, "run_build": 7, "saved_config": 7, "task_pin": 7,
     "run_folder": 8,
     "train": 9,
     "bench": 10, "export": 10,

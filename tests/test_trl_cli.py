@@ -177,12 +177,12 @@ def test_liger_without_its_package_points_to_use_kernels():
 
 
 def test_wrong_length_reward_weights_are_refused_before_the_model_loads(tmp_path, tiny_dir, capsys, monkeypatch):
-    import mrtpo.train
+    import mrtpo.run_build
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(mrtpo.train, "load_model", no_load)
+    monkeypatch.setattr(mrtpo.run_build, "load_model", no_load)  # what build_trainer calls
     rc = main(["--task", "gym-constraints", "--model", str(tiny_dir), "--reward_weights", "1", "2",
                "--output-dir", str(tmp_path / "run")])
     assert rc == 2
