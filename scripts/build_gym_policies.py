@@ -60,7 +60,10 @@ def main() -> None:
         shutil.copytree(source, target)
         record = json.loads((target / "gym_warm_start.json").read_text())
         manifest["policies"][source.name] = {
-            "task": family, "policy_seed": seed, "seconds": record["seconds"], "final_loss": record["final_loss"],
+            "task": family,
+            "policy_seed": seed,
+            "seconds": record["seconds"],
+            "final_loss": record["final_loss"],
             "files": {p.name: _sha256(p) for p in sorted(target.iterdir()) if p.is_file()},
         }
         print(f"{source.name}: {family} seed {seed}, loss {record['final_loss']:.3f}, {record['seconds']} s")

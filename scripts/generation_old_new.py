@@ -34,27 +34,55 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(1)
-    settings = SimpleNamespace(preset="cpu", task="instructions", seed=0, overrides=[
-        f"model={args.model}", "num_generations=8", "per_device_train_batch_size=16", "max_completion_length=64"])
+    settings = SimpleNamespace(
+        preset="cpu",
+        task="instructions",
+        seed=0,
+        overrides=[
+            f"model={args.model}",
+            "num_generations=8",
+            "per_device_train_batch_size=16",
+            "max_completion_length=64",
+        ],
+    )
     trainer = build_trainer(_config(settings, "gdpo", Path(tempfile.mkdtemp()), 1))
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
     tok = trainer.processing_class
-    texts = [tok.apply_chat_template(trainer.train_dataset[i]["prompt"], tokenize=False, add_generation_prompt=True)
-             for i in range(2)]
-    enc = tok([t for t in texts for _ in range(8)], return_tensors="pt", padding=True, padding_side="left",
-              add_special_tokens=False)
+    texts = [
+        tok.apply_chat_template(trainer.train_dataset[i]["prompt"], tokenize=False, add_generation_prompt=True)
+        for i in range(2)
+    ]
+    enc = tok(
+        [t for t in texts for _ in range(8)],
+        return_tensors="pt",
+        padding=True,
+        padding_side="left",
+        add_special_tokens=False,
+    )
     ids, mask = enc["input_ids"], enc["attention_mask"]
-    config = GenerationConfig(do_sample=True, max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0,
-                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = GenerationConfig(
+        do_sample=True,
+        max_new_tokens=64,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     rate = matmul_gflops(clock=time.process_time)
     prompts = sum(len(x) for x in {tuple(r[m.bool()].tolist()) for r, m in zip(ids, mask)})
     context = float(mask.sum(-1).float().mean()) + 32
     floor = flops_per_token(underlying_model(model), context) * (prompts + 16 * 64) / rate / 1e9
-    print(f"{args.model}: floor {floor:.2f} s ({prompts} prompt + 1024 sampled tokens at {rate:.0f} GFLOP/s "
-          "per CPU second)")
-    paths = {"old": lambda: generate_with_shared_prefill(model, model.generate, input_ids=ids, attention_mask=mask,
-                                                         generation_config=config),
-             "new": lambda: sample(model, ids, mask, config)}
+    print(
+        f"{args.model}: floor {floor:.2f} s ({prompts} prompt + 1024 sampled tokens at {rate:.0f} GFLOP/s "
+        "per CPU second)"
+    )
+    paths = {
+        "old": lambda: generate_with_shared_prefill(
+            model, model.generate, input_ids=ids, attention_mask=mask, generation_config=config
+        ),
+        "new": lambda: sample(model, ids, mask, config),
+    }
     for round_ in range(args.rounds):
         for name, run in paths.items():
             torch.manual_seed(round_)

@@ -20,11 +20,17 @@ def _jsonl(path: Path) -> list[dict]:
 def digest(run: Path) -> dict:
     steps = [r for r in _jsonl(run / "metrics.jsonl") if "reward" in r and "train_runtime" not in r]
     slots = sorted({k for r in steps for k in r if k.startswith("rewards/") and k.endswith("/mean")})
-    per_step = {"step": [r["step"] for r in steps], "reward": [round(r["reward"], 5) for r in steps],
-                "step_time": [round(r.get("step_time", float("nan")), 4) for r in steps]}
+    per_step = {
+        "step": [r["step"] for r in steps],
+        "reward": [round(r["reward"], 5) for r in steps],
+        "step_time": [round(r.get("step_time", float("nan")), 4) for r in steps],
+    }
     per_step.update({k: [round(r.get(k, float("nan")), 5) for r in steps] for k in slots})
-    return {"finished": json.loads((run / "finished.json").read_text()), "per_step": per_step,
-            "eval": _jsonl(run / "eval.jsonl")}
+    return {
+        "finished": json.loads((run / "finished.json").read_text()),
+        "per_step": per_step,
+        "eval": _jsonl(run / "eval.jsonl"),
+    }
 
 
 def main() -> None:

@@ -58,10 +58,15 @@ def diagnostics(folder: Path) -> dict[str, dict[str, float | None]]:
         values = [v for r in records for k, v in r.items() if k.startswith("credit/") and k.endswith(suffix)]
         return sum(values) / len(values) if values else None
 
-    return {method: {"grad_norm_median": statistics.median(r["grad_norm"] for r in records),
-                     "clipped": sum(r["grad_norm"] > clip[method] for r in records) / len(records),
-                     "gini": mean_of(records, "/gini"), "half_weight_share": mean_of(records, "/half_weight_share")}
-            for method, records in steps.items()}
+    return {
+        method: {
+            "grad_norm_median": statistics.median(r["grad_norm"] for r in records),
+            "clipped": sum(r["grad_norm"] > clip[method] for r in records) / len(records),
+            "gini": mean_of(records, "/gini"),
+            "half_weight_share": mean_of(records, "/half_weight_share"),
+        }
+        for method, records in steps.items()
+    }
 
 
 def _interval(pair: list[float] | None) -> str:
@@ -71,8 +76,9 @@ def _interval(pair: list[float] | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="bench learn output folders")
-    parser.add_argument("--pairs", default="",
-                        help="comma-separated A:B method pairs (labels as in --methods; a label may hold '-')")
+    parser.add_argument(
+        "--pairs", default="", help="comma-separated A:B method pairs (labels as in --methods; a label may hold '-')"
+    )
     parser.add_argument("--measure", choices=sorted(MEASURES), default="final")
     parser.add_argument("--json", type=Path, help="also write every interval as JSON")
     parser.add_argument("--diagnostics", action="store_true", help="per method: grad norm, clipping, concentration")
@@ -83,8 +89,9 @@ def main() -> None:
         for folder in args.folders:
             for method, d in diagnostics(folder).items():
                 gini, half = (f"{d[k]:.2f}" if d[k] is not None else "n/a" for k in ("gini", "half_weight_share"))
-                print(f"| {folder.name} | {method} | {d['grad_norm_median']:.2f} | {d['clipped']:.0%} | {gini} "
-                      f"| {half} |")
+                print(
+                    f"| {folder.name} | {method} | {d['grad_norm_median']:.2f} | {d['clipped']:.0%} | {gini} | {half} |"
+                )
         return
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     if not args.pairs or any(len(p) != 2 for p in pairs):
@@ -100,8 +107,10 @@ def main() -> None:
                 continue
             result = two_level_interval(diffs)
             rows.append({"folder": str(folder), "a": a, "b": b, "measure": args.measure, **result})
-            print(f"| {folder.name} | {a} − {b} | {result['mean']:+.3f} {_interval(result['ci95_t'])}; "
-                  f"{_interval(result['ci95_bootstrap'])} | {result['positive']} / {result['n_pairs']} |")
+            print(
+                f"| {folder.name} | {a} − {b} | {result['mean']:+.3f} {_interval(result['ci95_t'])}; "
+                f"{_interval(result['ci95_bootstrap'])} | {result['positive']} / {result['n_pairs']} |"
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -47,7 +47,7 @@ def steps_to(records: list[dict], target: float, window: int) -> int | None:
     (a full window: the first steps' single noisy batches do not count as reaching it)."""
     values = _series(records, "reward")
     for i in range(window - 1, len(values)):
-        if sum(values[i - window + 1: i + 1]) / window >= target:
+        if sum(values[i - window + 1 : i + 1]) / window >= target:
             return i + 1
     return None
 
@@ -85,31 +85,50 @@ def speedups(folder: Path, reference: str, tail: int, window: int) -> dict:
             for key in {k for r in records for k in r if k.startswith("rewards/") and k.endswith("/mean")}:
                 diff = tail_mean(_series(records, key), tail) - tail_mean(_series(ref, key), tail)
                 per_reward.setdefault(key.split("/")[1], {}).setdefault(policy, []).append(diff)
-            rows.append({"policy": policy, "seed": seed, "target": target, "steps": mine, "gdpo_steps": theirs,
-                         "speedup": ratio})
+            rows.append(
+                {
+                    "policy": policy,
+                    "seed": seed,
+                    "target": target,
+                    "steps": mine,
+                    "gdpo_steps": theirs,
+                    "speedup": ratio,
+                }
+            )
         if not rows:
             continue
-        result[method] = {"pairs": rows, "steps": _geometric(two_level_interval(steps)),
-                          "seconds": _geometric(two_level_interval(secs)) if secs else None,
-                          "per_reward": {k: two_level_interval(v) for k, v in sorted(per_reward.items())}}
+        result[method] = {
+            "pairs": rows,
+            "steps": _geometric(two_level_interval(steps)),
+            "seconds": _geometric(two_level_interval(secs)) if secs else None,
+            "per_reward": {k: two_level_interval(v) for k, v in sorted(per_reward.items())},
+        }
     return result
 
 
 def _geometric(interval: dict) -> dict:
     """A two-level interval of log ratios, as ratios (geometric means)."""
-    exp = (lambda v: None if v is None else math.exp(v))  # noqa: E731
+    exp = lambda v: None if v is None else math.exp(v)  # noqa: E731
     t = interval["ci95_t"]
-    return {"mean": exp(interval["mean"]), "ci95_t": [exp(v) for v in t] if t else None,
-            "ci95_bootstrap": [exp(v) for v in interval["ci95_bootstrap"]] if interval["ci95_bootstrap"] else None,
-            "pairs": interval["n_pairs"], "policies": interval["n_policies"], "faster": interval["positive"]}
+    return {
+        "mean": exp(interval["mean"]),
+        "ci95_t": [exp(v) for v in t] if t else None,
+        "ci95_bootstrap": [exp(v) for v in interval["ci95_bootstrap"]] if interval["ci95_bootstrap"] else None,
+        "pairs": interval["n_pairs"],
+        "policies": interval["n_policies"],
+        "faster": interval["positive"],
+    }
 
 
 def _fmt(g: dict | None) -> str:
     if not g or g["mean"] is None:
         return "—"
     boot = g["ci95_bootstrap"]
-    return f"{g['mean']:.2f}×" + (f" [{boot[0]:.2f}, {boot[1]:.2f}]" if boot else "") + \
-        f" ({g['faster']} of {g['pairs']} pairs faster)"
+    return (
+        f"{g['mean']:.2f}×"
+        + (f" [{boot[0]:.2f}, {boot[1]:.2f}]" if boot else "")
+        + f" ({g['faster']} of {g['pairs']} pairs faster)"
+    )
 
 
 def main() -> None:
@@ -121,8 +140,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     result = speedups(args.folder, args.reference, args.tail, args.window)
-    print(f"| method | fewer steps to {args.reference}'s final reward | less training time to it | "
-          "worst reward − gdpo (final) |\n|---|---:|---:|---:|")
+    print(
+        f"| method | fewer steps to {args.reference}'s final reward | less training time to it | "
+        "worst reward − gdpo (final) |\n|---|---:|---:|---:|"
+    )
     for method, r in result.items():
         worst = min(r["per_reward"].items(), key=lambda kv: kv[1]["mean"], default=None)
         lost = f"{worst[0]} {worst[1]['mean']:+.3f}" if worst else "—"

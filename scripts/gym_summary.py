@@ -28,13 +28,19 @@ def _final(comparison: dict, method: str, key: str = "reward") -> dict | None:
 
 
 def _per_seed_final(comparison: dict, method: str, key: str = "reward") -> dict:
-    return {r["seed"]: r["final"][key] for r in comparison["runs"]
-            if r["method"] == method and r.get("final", {}).get(key) is not None}
+    return {
+        r["seed"]: r["final"][key]
+        for r in comparison["runs"]
+        if r["method"] == method and r.get("final", {}).get(key) is not None
+    }
 
 
 def _per_seed_heldout(comparison: dict, method: str, key: str = "reward_total") -> dict:
-    return {r["seed"]: r["heldout"][key]["end"] for r in comparison["runs"]
-            if r["method"] == method and r.get("heldout", {}).get(key, {}).get("end") is not None}
+    return {
+        r["seed"]: r["heldout"][key]["end"]
+        for r in comparison["runs"]
+        if r["method"] == method and r.get("heldout", {}).get(key, {}).get("end") is not None
+    }
 
 
 def pick_lr(out: Path, rates: list[str]) -> dict:
@@ -80,10 +86,16 @@ def _gap_text(gap: dict) -> str:
 def _learning_table(comparison: dict, title: str) -> list[str]:
     methods = comparison["methods"]
     rewards = comparison.get("rewards", [])
-    lines = [f"### {title}", "", comparison["header"].get("settings", ""), "",
-             "| method | seeds | final total reward [95% CI] | " + " | ".join(rewards) +
-             " | held-out reward_total (end) | held-out all_correct (end) | − gdpo, paired over seeds [95% CI], p |",
-             "|---|---:|---:|" + "---:|" * len(rewards) + "---:|---:|---:|"]
+    lines = [
+        f"### {title}",
+        "",
+        comparison["header"].get("settings", ""),
+        "",
+        "| method | seeds | final total reward [95% CI] | "
+        + " | ".join(rewards)
+        + " | held-out reward_total (end) | held-out all_correct (end) | − gdpo, paired over seeds [95% CI], p |",
+        "|---|---:|---:|" + "---:|" * len(rewards) + "---:|---:|---:|",
+    ]
     for m in methods:
         s = comparison["summary"].get(m) or {}
         if not s.get("seeds"):
@@ -93,8 +105,11 @@ def _learning_table(comparison: dict, title: str) -> list[str]:
         end_total = _fmt((held.get("reward_total") or {}).get("end"))
         end_all = _fmt((held.get("all_correct") or {}).get("end"))
         gap = _gap_text(_gap(comparison, m)) if m != "gdpo" else "(reference)"
-        lines.append(f"| {m} | {len(s['seeds'])} | {_fmt(s['final']['reward'])} | " + " | ".join(per_reward) +
-                     f" | {end_total} | {end_all} | {gap} |")
+        lines.append(
+            f"| {m} | {len(s['seeds'])} | {_fmt(s['final']['reward'])} | "
+            + " | ".join(per_reward)
+            + f" | {end_total} | {end_all} | {gap} |"
+        )
     return lines + [""]
 
 
@@ -120,8 +135,11 @@ def retarget(folder: Path, target: float, window: int = 10) -> None:
 
     command = shlex.split(json.loads((folder / "bench.json").read_text())["command"])
     mrtpo = str(Path(sys.executable).with_name("mrtpo"))
-    subprocess.run([mrtpo, *command[1:], "--compare-only", "--target-reward", str(target), "--target-window",
-                    str(window)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [mrtpo, *command[1:], "--compare-only", "--target-reward", str(target), "--target-window", str(window)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def equal_time_steps(out: Path, steps: int) -> int:
@@ -135,21 +153,30 @@ def _time_table(out: Path) -> list[str]:
     comparison = _load(main / "comparison.json")
     if comparison is None:
         return []
-    lines = ["### Step time (median seconds per step, one core each, two runs at a time)", "",
-             "| method | step | generation | replay | update | × gdpo |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "### Step time (median seconds per step, one core each, two runs at a time)",
+        "",
+        "| method | step | generation | replay | update | × gdpo |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     reference = step_times(main, "gdpo").get("step_time")
     for m in comparison["methods"]:
         t = step_times(main, m)
         ratio = f"{t['step_time'] / reference:.2f}" if reference else "—"
-        lines.append(f"| {m} | {t.get('step_time', 0):.3f} | {t.get('time/generation', 0):.3f} | "
-                     f"{t.get('time/replay', 0):.3f} | {t.get('time/update', 0):.3f} | {ratio} |")
+        lines.append(
+            f"| {m} | {t.get('step_time', 0):.3f} | {t.get('time/generation', 0):.3f} | "
+            f"{t.get('time/replay', 0):.3f} | {t.get('time/update', 0):.3f} | {ratio} |"
+        )
     equal = _load(out / "equal-time-gdpo" / "comparison.json")
     if equal is not None:
         steps = equal["runs"][0]["steps"] if equal["runs"] else "?"
         gap = paired_comparison(_per_seed_final(comparison, "mrtpo"), _per_seed_final(equal, "gdpo"))
-        lines += ["", f"Equal wall-clock: gdpo trained for {steps} steps (as long as mrtpo's 150 at the median step "
-                  f"times) reaches a final total reward of {_fmt(_final(equal, 'gdpo'))}; mrtpo after 150 steps: "
-                  f"{_fmt(_final(comparison, 'mrtpo'))}; mrtpo − gdpo (paired by seed): {_gap_text(gap)}."]
+        lines += [
+            "",
+            f"Equal wall-clock: gdpo trained for {steps} steps (as long as mrtpo's 150 at the median step "
+            f"times) reaches a final total reward of {_fmt(_final(equal, 'gdpo'))}; mrtpo after 150 steps: "
+            f"{_fmt(_final(comparison, 'mrtpo'))}; mrtpo − gdpo (paired by seed): {_gap_text(gap)}.",
+        ]
     return lines + [""]
 
 
@@ -168,24 +195,39 @@ def _ablation_table(out: Path) -> list[str]:
         mine = _per_seed_final(c, "mrtpo")
         vs_gdpo = paired_comparison(mine, _per_seed_final(reference, "gdpo"))
         vs_mrtpo = paired_comparison(mine, _per_seed_final(reference, "mrtpo"))
-        variant = {k: v for k, v in json.loads((folder / "bench.json").read_text()).get("overrides", {}).items()
-                   if k != "max_steps"}
-        rows.append(f"| {c['task']} | mrtpo {', '.join(f'{k}={v}' for k, v in variant.items()) or folder.name} | "
-                    f"{_fmt(_final(c, 'mrtpo'))} | {_gap_text(vs_gdpo)} | {_gap_text(vs_mrtpo)} |")
+        variant = {
+            k: v
+            for k, v in json.loads((folder / "bench.json").read_text()).get("overrides", {}).items()
+            if k != "max_steps"
+        }
+        rows.append(
+            f"| {c['task']} | mrtpo {', '.join(f'{k}={v}' for k, v in variant.items()) or folder.name} | "
+            f"{_fmt(_final(c, 'mrtpo'))} | {_gap_text(vs_gdpo)} | {_gap_text(vs_mrtpo)} |"
+        )
     if not rows:
         return []
-    return ["### MRTPO ablations (the reference comparison's seeds and settings)", "",
-            "| task | variant | final total reward [95% CI] | − gdpo (paired) | − mrtpo λ = 1, js (paired) |",
-            "|---|---|---:|---:|---:|", *rows, ""]
+    return [
+        "### MRTPO ablations (the reference comparison's seeds and settings)",
+        "",
+        "| task | variant | final total reward [95% CI] | − gdpo (paired) | − mrtpo λ = 1, js (paired) |",
+        "|---|---|---:|---:|---:|",
+        *rows,
+        "",
+    ]
 
 
 def _precision_table(out: Path) -> list[str]:
-    lines = ["### Credit precision against ground truth (warm-started policy, before learning)", "",
-             "Lift = share of a reward's weight on its ground-truth relevant tokens ÷ their share of tokens "
-             "(1 = uniform = GRPO/GDPO); ρ = Spearman correlation of the weights with the relevance indicator. "
-             "Conditioning: reward rate sampled with / without the evidence.", "",
-             "| task | reward | n | relevant share | mrtpo lift [ρ] | contrast lift [ρ] | entropy lift [ρ] | "
-             "with / without evidence | groups with spread |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "### Credit precision against ground truth (warm-started policy, before learning)",
+        "",
+        "Lift = share of a reward's weight on its ground-truth relevant tokens ÷ their share of tokens "
+        "(1 = uniform = GRPO/GDPO); ρ = Spearman correlation of the weights with the relevance indicator. "
+        "Conditioning: reward rate sampled with / without the evidence.",
+        "",
+        "| task | reward | n | relevant share | mrtpo lift [ρ] | contrast lift [ρ] | entropy lift [ρ] | "
+        "with / without evidence | groups with spread |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for path in sorted(out.glob("precision-*.json")):
         record = json.loads(path.read_text())
         task = path.stem.removeprefix("precision-")
@@ -196,13 +238,17 @@ def _precision_table(out: Path) -> list[str]:
             cells = []
             for m in ("mrtpo", "contrast", "entropy"):
                 lift, rho = s["lift"].get(m, {}), s["rho"].get(m, {}).get("mean")
-                cells.append("—" if not lift.get("n") else
-                             f"{lift['mean']:.2f} [{'—' if rho is None else f'{rho:+.2f}'}]")
+                cells.append(
+                    "—" if not lift.get("n") else f"{lift['mean']:.2f} [{'—' if rho is None else f'{rho:+.2f}'}]"
+                )
             c = record.get("conditioning", {}).get(s["reward"], {})
             cond = "—" if c.get("with") is None else f"{c['with']:.2f} / {c['without']:.2f}"
             spread = "—" if c.get("spread") is None else f"{c['spread']:.2f}"
-            lines.append(f"| {task} | {s['reward']} | {s['n']} | {s['relevant_share']:.2f} | " + " | ".join(cells) +
-                         f" | {cond} | {spread} |")
+            lines.append(
+                f"| {task} | {s['reward']} | {s['n']} | {s['relevant_share']:.2f} | "
+                + " | ".join(cells)
+                + f" | {cond} | {spread} |"
+            )
     return lines + [""]
 
 
@@ -219,8 +265,13 @@ def _sweep(out: Path, kind: str, values: list[int], prefix: str = "sweep") -> tu
             points.append((v, comparison))
     label = {"rewards": "rewards (clauses per prompt)", "length": "typical response length (words)"}[kind]
     label += ", 150 steps, 5 seeds" if prefix == "sweep150" else ", 100 steps, 3 seeds"
-    lines = [f"### Sweep: {label}", "", f"| {kind} | gdpo final reward | mrtpo final reward | mrtpo − gdpo (paired) | "
-             "per reward: mrtpo − gdpo | held-out total: mrtpo − gdpo (paired) |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### Sweep: {label}",
+        "",
+        f"| {kind} | gdpo final reward | mrtpo final reward | mrtpo − gdpo (paired) | "
+        "per reward: mrtpo − gdpo | held-out total: mrtpo − gdpo (paired) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     gaps, held_gaps = [], []
     for v, c in points:
         gap = _gap(c)
@@ -231,8 +282,10 @@ def _sweep(out: Path, kind: str, values: list[int], prefix: str = "sweep") -> tu
         per_text = "—" if per is None or not rewards else f"{per / len(rewards):+.3f}"
         held = paired_comparison(_per_seed_heldout(c, "mrtpo"), _per_seed_heldout(c, "gdpo"))
         held_gaps.append((v, held))
-        lines.append(f"| {v} | {_fmt(_final(c, 'gdpo'))} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(gap)} | "
-                     f"{per_text} | {_gap_text(held)} |")
+        lines.append(
+            f"| {v} | {_fmt(_final(c, 'gdpo'))} | {_fmt(_final(c, 'mrtpo'))} | {_gap_text(gap)} | "
+            f"{per_text} | {_gap_text(held)} |"
+        )
     return lines + [""], {"final training reward": gaps, "held-out total reward": held_gaps}
 
 
@@ -251,8 +304,14 @@ def _plot_gap(path: Path, series: dict[str, list[tuple[int, dict]]], xlabel: str
         xs = [v + (i - 0.5) * 0.08 * v for v, _ in points]  # side by side, not on top of each other
         ys = [g["mean_difference"] for _, g in points]
         cis = [g["ci95"] if g.get("ci95") and None not in g["ci95"] else [g["mean_difference"]] * 2 for _, g in points]
-        ax.errorbar(xs, ys, yerr=[[y - c[0] for y, c in zip(ys, cis)], [c[1] - y for y, c in zip(ys, cis)]],
-                    marker="o", capsize=4, label=label)
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[[y - c[0] for y, c in zip(ys, cis)], [c[1] - y for y, c in zip(ys, cis)]],
+            marker="o",
+            capsize=4,
+            label=label,
+        )
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("mrtpo − gdpo")
@@ -272,8 +331,12 @@ def _smoothed_runs(folder: Path, method: str, key: str, window: int) -> list[lis
     for run in sorted(folder.glob(f"{method}-seed*")):
         values = [json.loads(line).get(key) for line in (run / "metrics.jsonl").read_text().splitlines()]
         values = [v for v in values if isinstance(v, (int, float))]
-        runs.append([sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
-                     for i in range(len(values))])
+        runs.append(
+            [
+                sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+                for i in range(len(values))
+            ]
+        )
     return runs
 
 
@@ -295,10 +358,11 @@ def plot_curves(folder: Path, path: Path, window: int = 10) -> None:
             continue
         steps = range(1, min(len(r) for r in runs) + 1)
         stats = [describe([r[i - 1] for r in runs]) for i in steps]
-        line, = axes[0].plot(steps, [s["mean"] for s in stats], label=f"{method} (n={len(runs)})")
+        (line,) = axes[0].plot(steps, [s["mean"] for s in stats], label=f"{method} (n={len(runs)})")
         if len(runs) > 1:
-            axes[0].fill_between(steps, [s["ci95"][0] for s in stats], [s["ci95"][1] for s in stats],
-                                 color=line.get_color(), alpha=0.15)
+            axes[0].fill_between(
+                steps, [s["ci95"][0] for s in stats], [s["ci95"][1] for s in stats], color=line.get_color(), alpha=0.15
+            )
         held = {}
         for run in sorted(folder.glob(f"{method}-seed*")):
             for line_text in (run / "eval.jsonl").read_text().splitlines():
@@ -308,8 +372,9 @@ def plot_curves(folder: Path, path: Path, window: int = 10) -> None:
         hs = [describe(held[x]) for x in xs]
         axes[1].plot(xs, [h["mean"] for h in hs], marker="o", color=line.get_color(), label=method)
         if len(runs) > 1:
-            axes[1].fill_between(xs, [h["ci95"][0] for h in hs], [h["ci95"][1] for h in hs],
-                                 color=line.get_color(), alpha=0.15)
+            axes[1].fill_between(
+                xs, [h["ci95"][0] for h in hs], [h["ci95"][1] for h in hs], color=line.get_color(), alpha=0.15
+            )
     axes[0].set_title(f"training total reward ({window}-step trailing mean)")
     axes[1].set_title("held-out total reward (greedy)")
     for ax in axes:
@@ -327,12 +392,18 @@ def summary(out: Path) -> None:
     lr = _load(out / "lr.json")
     if lr:
         rates = sorted({r for v in lr["table"].values() for r in v}, key=float)
-        lines += ["### Learning-rate sweep (separate seeds; the best rate per method is used below)", "",
-                  "| method | " + " | ".join(f"lr {r}" for r in rates) + " | best |",
-                  "|---|" + "---:|" * (len(rates) + 1)]
+        lines += [
+            "### Learning-rate sweep (separate seeds; the best rate per method is used below)",
+            "",
+            "| method | " + " | ".join(f"lr {r}" for r in rates) + " | best |",
+            "|---|" + "---:|" * (len(rates) + 1),
+        ]
         for m, values in lr["table"].items():
-            lines.append(f"| {m} | " + " | ".join(f"{values[r]:.3f}" if r in values else "—" for r in rates) +
-                         f" | {lr['best'][m]:g} |")
+            lines.append(
+                f"| {m} | "
+                + " | ".join(f"{values[r]:.3f}" if r in values else "—" for r in rates)
+                + f" | {lr['best'][m]:g} |"
+            )
         lines.append("")
     lines += _precision_table(out)
     for folder in sorted(out.glob("main-*")) + sorted(out.glob("family-*")):
@@ -343,9 +414,11 @@ def summary(out: Path) -> None:
             lines += [f"![{folder.name}](curves-{folder.name}.png)", ""]
     lines += _ablation_table(out)
     lines += _time_table(out)
-    for prefix, kind, values, xlabel in (("sweep150", "rewards", [2, 3, 6], "rewards per prompt (150 steps)"),
-                                         ("sweep", "rewards", [2, 4, 6], "rewards per prompt (100 steps)"),
-                                         ("sweep", "length", [8, 16, 32], "typical response length (words)")):
+    for prefix, kind, values, xlabel in (
+        ("sweep150", "rewards", [2, 3, 6], "rewards per prompt (150 steps)"),
+        ("sweep", "rewards", [2, 4, 6], "rewards per prompt (100 steps)"),
+        ("sweep", "length", [8, 16, 32], "typical response length (words)"),
+    ):
         table, gaps = _sweep(out, kind, values, prefix)
         if len(gaps["final training reward"]) > 1:
             name = f"gap-{kind}" + ("-150" if prefix == "sweep150" else "")

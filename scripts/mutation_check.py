@@ -30,13 +30,20 @@ RESUME = "tests/test_trainer_resume_settings.py"
 #: name -> (file under src/, text, its replacement, test files to run)
 MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "replay_without_temperature": (
-        REPLAY_STEP, "temperature=self.temperature, chunk_size=self.args.relevance_chunk_size,",
-        "temperature=1.0, chunk_size=self.args.relevance_chunk_size,", [SETTINGS]),
+        REPLAY_STEP,
+        "            temperature=self.temperature,\n",
+        "            temperature=1.0,\n",
+        [SETTINGS],
+    ),
     "relevance_always_js": (REPLAY_STEP, "kind=self.args.relevance,", 'kind="js",', [SETTINGS]),
     "relevance_top_k_ignored": (REPLAY_STEP, "top_k=self.args.relevance_top_k,", "top_k=None,", [SETTINGS]),
     "w_max_dropped": (CORE, "w_max=self.args.w_max,", "w_max=None,", [SETTINGS]),
-    "reward_weights_dropped": (CORE, "reward_weights=self.reward_weights.tolist(),", "reward_weights=None,",
-                               [SETTINGS]),
+    "reward_weights_dropped": (
+        CORE,
+        "reward_weights=self.reward_weights.tolist(),",
+        "reward_weights=None,",
+        [SETTINGS],
+    ),
     "tool_mask_ignored": (CORE, 'mask = mask * out["tool_mask"].float().cpu()', "mask = mask", [SETTINGS]),
     "replay_contexts_swapped": (
         REPLAY,
@@ -44,16 +51,31 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         '                without_rows.append(other if placement == "in_prompt" else reference)',
         'with_rows.append(other if placement == "in_prompt" else reference)\n'
         '                without_rows.append(reference if placement == "in_prompt" else other)',
-        [DIRECTIONS, SETTINGS]),
+        [DIRECTIONS, SETTINGS],
+    ),
     # further hops of the same chain
     "lam_dropped": (CORE, "lam=self.args.lam,", "lam=1.0,", [SETTINGS]),
     "reward_lam_dropped": (CORE, "reward_lam=self.args.reward_lam,", "reward_lam=None,", [SETTINGS]),
     "credit_batch_norm_dropped": (CORE, "batch_norm=self.args.credit_batch_norm,", "batch_norm=True,", [SETTINGS]),
-    "privileged_header_dropped": (REPLAY_STEP, "header=self.args.privileged_header, ", "", [SETTINGS]),
-    "method_ignored": (CORE, "self.credit_method = get_method(self.args.method)",
-                       'self.credit_method = get_method("mrtpo")', [SETTINGS]),
-    "kernel_without_temperature": (REPLAY, "temperature, top_k)", "1.0, top_k)", [DIRECTIONS, SETTINGS]),
-    "entropy_without_temperature": (REPLAY, "chunk_size, temperature)", "chunk_size, 1.0)", [SETTINGS]),
+    "privileged_header_dropped": (REPLAY_STEP, "            header=self.args.privileged_header,\n", "", [SETTINGS]),
+    "method_ignored": (
+        CORE,
+        "self.credit_method = get_method(self.args.method)",
+        'self.credit_method = get_method("mrtpo")',
+        [SETTINGS],
+    ),
+    "kernel_without_temperature": (
+        REPLAY,
+        "chunk_size, temperature, top_k",
+        "chunk_size, 1.0, top_k",
+        [DIRECTIONS, SETTINGS],
+    ),
+    "entropy_without_temperature": (
+        REPLAY,
+        "                chunk_size,\n                temperature,\n            )",
+        "                chunk_size,\n                1.0,\n            )",
+        [SETTINGS],
+    ),
     # the config hop: a resume that does not read the run folder's config.yaml runs under the defaults
     "resume_ignores_config_yaml": ("mrtpo/train.py", "if saved.is_file():", "if False:", [RESUME]),
 }
@@ -75,13 +97,24 @@ def planted_copy(name: str, workdir: Path) -> Path:
 def run_tests(src: Path, files: list[str]) -> tuple[int, list[str], float]:
     """Run ``files`` (default suite: not slow) against ``src``; the return code, failed test ids and seconds."""
     env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    where = subprocess.run([sys.executable, "-c", "import mrtpo; print(mrtpo.__file__)"], env=env, cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import mrtpo; print(mrtpo.__file__)"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     if not where.startswith(str(src)):
         raise SystemExit(f"mrtpo is imported from {where}, not from the planted copy {src}")
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *files],
-                          env=env, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *files],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.MULTILINE)  # a fixture error fails too
     return proc.returncode, failed, time.perf_counter() - start
 
@@ -100,16 +133,21 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"mutant-{name}-") as tmp:
             rc, failed, seconds = run_tests(planted_copy(name, Path(tmp)), files)
         caught = rc != 0 and failed
-        print(f"{name} (src/{path}): {'CAUGHT' if caught else 'SURVIVED'} by {len(failed)} failing test(s) "
-              f"in {seconds:.0f} s [{' '.join(files)}]", flush=True)
+        print(
+            f"{name} (src/{path}): {'CAUGHT' if caught else 'SURVIVED'} by {len(failed)} failing test(s) "
+            f"in {seconds:.0f} s [{' '.join(files)}]",
+            flush=True,
+        )
         for test in failed:
             print(f"    {test}")
         if not caught:
             survived.append(name)
             if rc not in (0, 1):
                 print(f"    (pytest exit code {rc}: the run itself failed)")
-    print(f"{len(names) - len(survived)} of {len(names)} planted bugs caught" +
-          (f"; survived: {', '.join(survived)}" if survived else ""))
+    print(
+        f"{len(names) - len(survived)} of {len(names)} planted bugs caught"
+        + (f"; survived: {', '.join(survived)}" if survived else "")
+    )
     return 1 if survived else 0
 
 

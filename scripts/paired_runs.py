@@ -45,9 +45,11 @@ def main() -> None:
             mean_a = sum(va[s] for s in va if s in vb) / max(stats["n"], 1)
             rows.append({"method": method, "measure": name, "a_mean": mean_a, **stats})
             lo, hi = stats["ci95"] if stats["ci95"] else (float("nan"), float("nan"))
-            print(f"{method:<8} {name:<16} A {mean_a:7.3f}  "
-                  f"B - A {stats['mean_difference']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-                  f"  n={stats['n']}  p={stats['p_value'] if stats['p_value'] is None else round(stats['p_value'], 3)}")
+            print(
+                f"{method:<8} {name:<16} A {mean_a:7.3f}  "
+                f"B - A {stats['mean_difference']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+                f"  n={stats['n']}  p={stats['p_value'] if stats['p_value'] is None else round(stats['p_value'], 3)}"
+            )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"a": str(args.a), "b": str(args.b), "rows": rows}, indent=1) + "\n")

@@ -57,15 +57,35 @@ def expand(design: dict[str, Any]) -> list[dict[str, Any]]:
         for lr in design["learning_rates"]:
             for seed in design["tuning_seeds"]:
                 method = design[role]
-                runs.append({"name": f"tune-{method}-lr{lr_text(lr)}-seed{seed}", "phase": "tune", "role": role,
-                             "method": method, "seed": seed, "learning_rate": float(lr)})
+                runs.append(
+                    {
+                        "name": f"tune-{method}-lr{lr_text(lr)}-seed{seed}",
+                        "phase": "tune",
+                        "role": role,
+                        "method": method,
+                        "seed": seed,
+                        "learning_rate": float(lr),
+                    }
+                )
     for seed in design["seeds"]:
-        for role, seeds in (("baseline", design["seeds"]), ("treatment", design["seeds"]),
-                            ("control", design["control_seeds"]), ("oracle", design["oracle_seeds"])):
+        for role, seeds in (
+            ("baseline", design["seeds"]),
+            ("treatment", design["seeds"]),
+            ("control", design["control_seeds"]),
+            ("oracle", design["oracle_seeds"]),
+        ):
             if seed in seeds:
                 method = design[role]
-                runs.append({"name": f"verdict-{method}-seed{seed}", "phase": "verdict", "role": role,
-                             "method": method, "seed": seed, "learning_rate": None})
+                runs.append(
+                    {
+                        "name": f"verdict-{method}-seed{seed}",
+                        "phase": "verdict",
+                        "role": role,
+                        "method": method,
+                        "seed": seed,
+                        "learning_rate": None,
+                    }
+                )
     return runs
 
 
@@ -132,10 +152,25 @@ def status(design: dict[str, Any], machine: str, lr_override: dict[str, float], 
 
 def bench_command(design: dict[str, Any], machine: str, run: dict[str, Any], runs_dir: Path = RUNS) -> list[str]:
     """The ``mrtpo bench learn`` command line that trains ``run`` alone into its own folder."""
-    return [sys.executable, "-m", "mrtpo.cli", "bench", "learn", "--task", design["task"],
-            "--preset", design["presets"][machine], "--methods", run["method"], "--seeds", str(run["seed"]),
-            "--output-dir", str(runs_dir / machine / run["name"]), "--no-share-start-eval",
-            f"learning_rate={run['learning_rate']}"]
+    return [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "bench",
+        "learn",
+        "--task",
+        design["task"],
+        "--preset",
+        design["presets"][machine],
+        "--methods",
+        run["method"],
+        "--seeds",
+        str(run["seed"]),
+        "--output-dir",
+        str(runs_dir / machine / run["name"]),
+        "--no-share-start-eval",
+        f"learning_rate={run['learning_rate']}",
+    ]
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -160,9 +195,15 @@ def held_out_rows(outputs: list[dict], examples: dict[str, Any]) -> list[dict[st
                 met.append(ok)
                 per_class.setdefault(iid.split("/", 1)[1], []).append(ok)
             prompts_all.append(all(scored["strict"]))
-        rows.append({"step": step, "n_prompts": len(group), "satisfaction": sum(met) / len(met),
-                     "prompt_all": sum(prompts_all) / len(prompts_all),
-                     "per_class": {k: sum(v) / len(v) for k, v in sorted(per_class.items())}})
+        rows.append(
+            {
+                "step": step,
+                "n_prompts": len(group),
+                "satisfaction": sum(met) / len(met),
+                "prompt_all": sum(prompts_all) / len(prompts_all),
+                "per_class": {k: sum(v) / len(v) for k, v in sorted(per_class.items())},
+            }
+        )
     return rows
 
 
@@ -173,13 +214,20 @@ def digest(run: dict[str, Any], folder: Path, examples: dict[str, Any], machine:
     steps = [r for r in _jsonl(inner / "metrics.jsonl") if "time/update" in r]
     keys = sorted({k for r in steps for k in r if k == "reward" or k.startswith(("rewards/", "time/"))})
     held = held_out_rows(_jsonl(inner / "eval_outputs.jsonl"), examples)
-    return {**{k: run[k] for k in ("name", "phase", "role", "method", "seed", "learning_rate")},
-            "machine": {k: machine.get(k) for k in ("summary", "cpu", "gpu", "cpus", "threads", "torch")},
-            "cpu_flags": machine.get("cpu_flags"), "steps": finished["steps"], "wall_s": finished["wall_s"],
-            "train_s": finished["train_s"], "eval_s": finished["eval_s"], "date": finished["date"],
-            "settings": finished["settings"],
-            "train": {"step": [r.get("step") for r in steps], **{k: [r.get(k) for r in steps] for k in keys}},
-            "held_out": held, "held_out_auc": auc([(r["step"], r["satisfaction"]) for r in held])}
+    return {
+        **{k: run[k] for k in ("name", "phase", "role", "method", "seed", "learning_rate")},
+        "machine": {k: machine.get(k) for k in ("summary", "cpu", "gpu", "cpus", "threads", "torch")},
+        "cpu_flags": machine.get("cpu_flags"),
+        "steps": finished["steps"],
+        "wall_s": finished["wall_s"],
+        "train_s": finished["train_s"],
+        "eval_s": finished["eval_s"],
+        "date": finished["date"],
+        "settings": finished["settings"],
+        "train": {"step": [r.get("step") for r in steps], **{k: [r.get(k) for r in steps] for k in keys}},
+        "held_out": held,
+        "held_out_auc": auc([(r["step"], r["satisfaction"]) for r in held]),
+    }
 
 
 def held_out_examples(design: dict[str, Any], machine: str) -> dict[str, Any]:
@@ -212,7 +260,7 @@ def cmd_plan(args, design) -> int:
 
 def cmd_run(args, design) -> int:
     todo = [r for r in status(design, args.machine, args.lr, args.digests) if r["state"] == "pending"]
-    todo = todo[:args.limit] if args.limit else todo
+    todo = todo[: args.limit] if args.limit else todo
     examples = None
     for run in todo:
         command = bench_command(design, args.machine, run, args.runs)
@@ -226,13 +274,15 @@ def cmd_run(args, design) -> int:
         examples = examples or held_out_examples(design, args.machine)
         out = args.digests / args.machine / f"{run['name']}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(digest(run, args.runs / args.machine / run["name"], examples, _machine()),
-                                  indent=1) + "\n")
+        out.write_text(
+            json.dumps(digest(run, args.runs / args.machine / run["name"], examples, _machine()), indent=1) + "\n"
+        )
         print(f"wrote {out}", flush=True)
         if args.commit:
             subprocess.run(["git", "add", str(out)], cwd=ROOT, check=True)
-            subprocess.run(["git", "commit", "-q", "-m", f"real verdict: {run['name']} on {args.machine}"],
-                           cwd=ROOT, check=True)
+            subprocess.run(
+                ["git", "commit", "-q", "-m", f"real verdict: {run['name']} on {args.machine}"], cwd=ROOT, check=True
+            )
         if run["phase"] == "tune":  # a finished tuning set can unblock verdict runs
             return cmd_run(args, design) if not args.limit else 0
     return 0
@@ -251,15 +301,20 @@ def compare(design: dict[str, Any], digests: dict[str, dict]) -> dict[str, Any]:
         if d.get("phase") == "verdict":
             by_role.setdefault(d["role"], {})[d["seed"]] = d
     out: dict[str, Any] = {}
-    for name, role, reference in (("treatment-gdpo", "treatment", "baseline"),
-                                  ("treatment-control", "treatment", "control"),
-                                  ("oracle-treatment", "oracle", "treatment")):
+    for name, role, reference in (
+        ("treatment-gdpo", "treatment", "baseline"),
+        ("treatment-control", "treatment", "control"),
+        ("oracle-treatment", "oracle", "treatment"),
+    ):
         a, b = by_role.get(role, {}), by_role.get(reference, {})
         out[name] = {
-            "auc": paired_comparison({s: d["held_out_auc"] for s, d in a.items()},
-                                     {s: d["held_out_auc"] for s, d in b.items()}),
-            "final": paired_comparison({s: d["held_out"][-1]["satisfaction"] for s, d in a.items() if d["held_out"]},
-                                       {s: d["held_out"][-1]["satisfaction"] for s, d in b.items() if d["held_out"]}),
+            "auc": paired_comparison(
+                {s: d["held_out_auc"] for s, d in a.items()}, {s: d["held_out_auc"] for s, d in b.items()}
+            ),
+            "final": paired_comparison(
+                {s: d["held_out"][-1]["satisfaction"] for s, d in a.items() if d["held_out"]},
+                {s: d["held_out"][-1]["satisfaction"] for s, d in b.items() if d["held_out"]},
+            ),
         }
     primary = out["treatment-gdpo"]["auc"]
     low, high = primary["ci95"] if primary["ci95"] else (None, None)
@@ -304,27 +359,44 @@ def cmd_base_rates(args) -> int:
     torch.manual_seed(args.seed)
     dtype, why = choose_cpu_dtype(cpu_flags(), lora=True)
     model, tok = load_policy(args.model, dtype=getattr(torch, dtype))
-    cfg = GeneratorConfig(seed=args.seed, min_constraints=args.constraints, max_constraints=args.constraints,
-                          classes=tuple(args.classes.split(",")))
-    gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens,
-                           eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = GeneratorConfig(
+        seed=args.seed,
+        min_constraints=args.constraints,
+        max_constraints=args.constraints,
+        classes=tuple(args.classes.split(",")),
+    )
+    gen = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=args.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     met: dict[str, list[bool]] = {}
     start = time.perf_counter()
     for example in generate(args.prompts, cfg, start=args.start):
         text = tok.apply_chat_template(example.messages, tokenize=False, add_generation_prompt=True)
         ids = tok([text] * args.samples, return_tensors="pt", add_special_tokens=False)
-        out = sample(model, ids["input_ids"], ids["attention_mask"], gen)[:, ids["input_ids"].shape[1]:]
+        out = sample(model, ids["input_ids"], ids["attention_mask"], gen)[:, ids["input_ids"].shape[1] :]
         for row in out.tolist():
             cut = row.index(tok.eos_token_id) if tok.eos_token_id in row else len(row)
             response = tok.decode(row[:cut], skip_special_tokens=True)
             for c in example.gold["constraints"]:
                 ok = checkers.check_strict(c["benchmark"], c["id"], c["kwargs"], response, example.gold["prompt"])
                 met.setdefault(c["id"], []).append(ok)
-    result = {"model": args.model, "dtype": dtype, "dtype_why": why, "max_new_tokens": args.max_new_tokens,
-              "prompts": args.prompts, "samples_per_prompt": args.samples,
-              "seconds": round(time.perf_counter() - start),
-              "machine": {k: v for k, v in _machine().items() if k in ("summary", "cpu", "cpu_flags", "load_average")},
-              "rates": {k: {"n": len(v), "met": sum(v), "rate": sum(v) / len(v)} for k, v in sorted(met.items())}}
+    result = {
+        "model": args.model,
+        "dtype": dtype,
+        "dtype_why": why,
+        "max_new_tokens": args.max_new_tokens,
+        "prompts": args.prompts,
+        "samples_per_prompt": args.samples,
+        "seconds": round(time.perf_counter() - start),
+        "machine": {k: v for k, v in _machine().items() if k in ("summary", "cpu", "cpu_flags", "load_average")},
+        "rates": {k: {"n": len(v), "met": sum(v), "rate": sum(v) / len(v)} for k, v in sorted(met.items())},
+    }
     for k, v in result["rates"].items():
         print(f"{k:<40} {v['met']:>4}/{v['n']:<4} {v['rate']:.2f}")
     if args.out:
@@ -349,8 +421,13 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--design", type=Path, default=DESIGN)
         s.add_argument("--digests", type=Path, default=DIGESTS, help="where digests are read and written")
         s.add_argument("--runs", type=Path, default=RUNS, help="where run folders are written")
-        s.add_argument("--lr", action="append", default=[], metavar="METHOD=VALUE",
-                       help="a verdict learning rate instead of the tuning's choice")
+        s.add_argument(
+            "--lr",
+            action="append",
+            default=[],
+            metavar="METHOD=VALUE",
+            help="a verdict learning rate instead of the tuning's choice",
+        )
         if name == "run":
             s.add_argument("--limit", type=int, default=0, help="train at most this many runs (0: all)")
             s.add_argument("--commit", action="store_true", help="git-commit each digest as it lands")

@@ -72,10 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     model, tokenizer = load_policy(args.model)
     t_load = time.time() - t0
-    prompts = [
-        tokenizer.apply_chat_template(e.messages, tokenize=False, add_generation_prompt=True)
-        for e in examples
-    ]
+    prompts = [tokenizer.apply_chat_template(e.messages, tokenize=False, add_generation_prompt=True) for e in examples]
     t0 = time.time()
     outputs = generate(model, tokenizer, prompts, args.batch_size, args.max_new_tokens)
     t_gen = time.time() - t0
@@ -112,8 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
-    print(json.dumps({"summary": summary, "seconds": record["seconds"],
-                      "mean_completion_tokens": record["mean_completion_tokens"]}, indent=1))
+    print(
+        json.dumps(
+            {
+                "summary": summary,
+                "seconds": record["seconds"],
+                "mean_completion_tokens": record["mean_completion_tokens"],
+            },
+            indent=1,
+        )
+    )
     print(f"[sanity] wrote {out}")
     return 0
 

@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         new = gen[:, enc["input_ids"].shape[1] :]
         new_tokens += int((new != tok.pad_token_id).sum())
         outputs += tok.batch_decode(new, skip_special_tokens=True)
-        print(f"[sanity_sql] batch {i // args.batch_size + 1}: {len(outputs)}/{len(prompts)} done, "
-              f"{time.time() - t_gen:.0f}s")
+        print(
+            f"[sanity_sql] batch {i // args.batch_size + 1}: {len(outputs)}/{len(prompts)} done, "
+            f"{time.time() - t_gen:.0f}s"
+        )
     gen_s = time.time() - t_gen
 
     report = task.evaluate(outputs, examples)

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     generated_tokens = 0
     for i in range(0, len(examples), args.batch_size):
-        batch = examples[i:i + args.batch_size]
+        batch = examples[i : i + args.batch_size]
         prompts = [render_prompt(e, tok) for e in batch]
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 eos_token_id=sorted(stop_ids),
                 pad_token_id=tok.pad_token_id,
             )
-        new = out[:, enc["input_ids"].shape[1]:]
+        new = out[:, enc["input_ids"].shape[1] :]
         for row in new:
             ids = row.tolist()
             for j, t in enumerate(ids):
@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
             generated_tokens += len(ids)
             outputs.append(tok.decode(ids, skip_special_tokens=True))
-        print(f"[sanity] {len(outputs)}/{len(examples)} generated "
-              f"({time.perf_counter() - started:.0f} s)", flush=True)
+        print(f"[sanity] {len(outputs)}/{len(examples)} generated ({time.perf_counter() - started:.0f} s)", flush=True)
     elapsed = time.perf_counter() - started
 
     result = task.evaluate(outputs, examples)
@@ -91,16 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy": result["accuracy"],
         "accuracy_macro": result["accuracy_macro"],
         "format_rate": result["format_rate"],
-        "per_category": {c: {k: s[k] for k in ("correct", "total", "accuracy", "format_rate")}
-                         for c, s in result["per_category"].items()},
+        "per_category": {
+            c: {k: s[k] for k in ("correct", "total", "accuracy", "format_rate")}
+            for c, s in result["per_category"].items()
+        },
         "mean_reward": {k: sum(r[k] for r in rewards) / len(rewards) for k in ("format", "correctness")},
     }
     print(json.dumps(summary, indent=2))
     for item, o in list(zip(result["items"], outputs))[:6]:
         print(f"--- {item['id']} valid={item['valid']} {item['error_type'] or ''}\n{o[:400]}")
-    record = {**summary, "items": [
-        {**item, "output": o, **r} for item, o, r in zip(result["items"], outputs, rewards)
-    ]}
+    record = {**summary, "items": [{**item, "output": o, **r} for item, o, r in zip(result["items"], outputs, rewards)]}
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, ensure_ascii=False), encoding="utf-8")

@@ -56,32 +56,42 @@ def decided(text: str) -> bool:
         close = rest.find(END)
         if close < 0:
             return False
-        rest = rest[close + len(END):].lstrip()
+        rest = rest[close + len(END) :].lstrip()
     return False
 
 
 def table(results: dict) -> str:
     """The measured figures of ``results.json`` as markdown tables (docs/results.md quotes them)."""
-    lines = ["| SFT steps | format rate (T = 1) | groups with format spread | all formatted | none formatted | "
-             "mean correctness of formatted samples | sampling s |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| SFT steps | format rate (T = 1) | groups with format spread | all formatted | none formatted | "
+        "mean correctness of formatted samples | sampling s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for k in sorted(results["doses"], key=int):
         d = results["doses"][k]
         c = d["mean_correctness_when_formatted"]
-        lines.append(f"| {k} | {d['format_rate']:.2f} ({round(d['format_rate'] * d['samples'])}/{d['samples']}) | "
-                     f"**{d['groups_with_spread']}/{d['prompts']}** = {d['share_with_spread']:.2f} | "
-                     f"{d['groups_all_formatted']} | {d['groups_none_formatted']} | "
-                     f"{'n/a' if c is None else f'{c:.2f}'} | {d['seconds']:.0f} |")
+        lines.append(
+            f"| {k} | {d['format_rate']:.2f} ({round(d['format_rate'] * d['samples'])}/{d['samples']}) | "
+            f"**{d['groups_with_spread']}/{d['prompts']}** = {d['share_with_spread']:.2f} | "
+            f"{d['groups_all_formatted']} | {d['groups_none_formatted']} | "
+            f"{'n/a' if c is None else f'{c:.2f}'} | {d['seconds']:.0f} |"
+        )
     if results.get("extras"):
         lines += ["", "| model (SFT steps) | prompt | format rate | groups with spread |", "|---|---|---:|---:|"]
         for key, d in results["extras"].items():
             name, k = key.split("@")
-            lines.append(f"| {k} | {name.replace('_', ' ')} | {d['format_rate']:.2f} "
-                         f"({round(d['format_rate'] * d['samples'])}/{d['samples']}) | "
-                         f"{d['groups_with_spread']}/{d['prompts']} |")
+            lines.append(
+                f"| {k} | {name.replace('_', ' ')} | {d['format_rate']:.2f} "
+                f"({round(d['format_rate'] * d['samples'])}/{d['samples']}) | "
+                f"{d['groups_with_spread']}/{d['prompts']} |"
+            )
     if results.get("bfcl"):
         cats = ["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"]
-        lines += ["", "| model (SFT steps) | " + " | ".join(cats) + " | overall | format rate |",
-                  "|---|" + "---:|" * (len(cats) + 2)]
+        lines += [
+            "",
+            "| model (SFT steps) | " + " | ".join(cats) + " | overall | format rate |",
+            "|---|" + "---:|" * (len(cats) + 2),
+        ]
         for k, b in sorted(results["bfcl"].items(), key=lambda kv: int(kv[0])):
             per = b["per_category"]
             cells = [f"{per[c]['correct']}/{per[c]['total']}" if c in per else "-" for c in cats]
@@ -104,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--eval-n", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--first-token", default="", help="only measure log P(<tool_call> first) after these SFT steps "
-                   "(comma-separated) on the 4 shortest of the --prompts training prompts, then stop")
+    p.add_argument(
+        "--first-token",
+        default="",
+        help="only measure log P(<tool_call> first) after these SFT steps "
+        "(comma-separated) on the 4 shortest of the --prompts training prompts, then stop",
+    )
     p.add_argument("--learning-rate", type=float, default=None, help="override the warm start's learning rate")
     p.add_argument("--no-text-tags", action="store_true", help="teach the tags as the tokenizer's added tokens")
     p.add_argument("--max-length", type=int, default=None, help="override the warm start's max_length (smoke tests)")
@@ -142,13 +156,22 @@ def main(argv: list[str] | None = None) -> int:
     flags = cpu_flags()
     results: dict = {
         "command": " ".join([".venv/bin/python", "scripts/toolcall_warm_start.py", *sys.argv[1:]]),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(),
-                    "avx2": "avx2" in flags, "avx512f": "avx512f" in flags,
-                    "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-                    "dtype": "float32", "torch": torch.__version__, "transformers": transformers.__version__,
-                    "trl": trl.__version__},
-        "settings": vars(args), "doses": {}, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "avx2": "avx2" in flags,
+            "avx512f": "avx512f" in flags,
+            "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags,
+            "dtype": "float32",
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+        },
+        "settings": vars(args),
+        "doses": {},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
     previous = out / "results.json"
@@ -188,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             self.width = width
 
         def __call__(self, input_ids, scores, **kwargs):
-            rows = [tok.decode(r[self.width:], skip_special_tokens=True) for r in input_ids]
+            rows = [tok.decode(r[self.width :], skip_special_tokens=True) for r in input_ids]
             return torch.tensor([decided(t) for t in rows], dtype=torch.bool, device=input_ids.device)
 
     def sample(model, prompts, exs, label, seed):
@@ -199,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         texts = [None] * len(prompts)
         t0, new_tokens = time.perf_counter(), 0
         for b in range(0, len(order), args.prompts_per_batch):
-            idx = order[b:b + args.prompts_per_batch]
+            idx = order[b : b + args.prompts_per_batch]
             enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
             width = enc["input_ids"].shape[1]
             torch.manual_seed(seed * 1000 + b)
@@ -207,24 +230,38 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 # each prompt is read once and its KV cache copied to its samples (num_return_sequences
                 # would read it once per sample): mrtpo.shared_prompt, as the trainer samples
-                gen = generate_with_shared_prefill(model, model.generate, ids.repeat_interleave(args.samples, 0),
-                                                   mask.repeat_interleave(args.samples, 0),
-                                                   do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                                   repetition_penalty=1.0,
-                                                   max_new_tokens=args.max_new_tokens, eos_token_id=stop_ids,
-                                                   pad_token_id=tok.pad_token_id,
-                                                   stopping_criteria=StoppingCriteriaList([FormatDecided(width)]))
+                gen = generate_with_shared_prefill(
+                    model,
+                    model.generate,
+                    ids.repeat_interleave(args.samples, 0),
+                    mask.repeat_interleave(args.samples, 0),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_p=1.0,
+                    top_k=0,
+                    repetition_penalty=1.0,
+                    max_new_tokens=args.max_new_tokens,
+                    eos_token_id=stop_ids,
+                    pad_token_id=tok.pad_token_id,
+                    stopping_criteria=StoppingCriteriaList([FormatDecided(width)]),
+                )
             for j, i in enumerate(idx):
-                rows = gen[j * args.samples:(j + 1) * args.samples, width:]
+                rows = gen[j * args.samples : (j + 1) * args.samples, width:]
                 texts[i] = [tok.decode(r, skip_special_tokens=True) for r in rows]
                 new_tokens += int(sum(((r != tok.pad_token_id) & (r >= 0)).sum() for r in rows))
         seconds = time.perf_counter() - t0
         groups = []
         for ex, outs in zip(exs, texts):
             f = [fmt(o, ex) for o in outs]
-            groups.append({"id": ex.id, "format": f,
-                           "correctness_when_formatted": [corr(o, ex) for o, x in zip(outs, f) if x == 1.0],
-                           "forms": [parse_completion(o).form for o in outs], "outputs": outs})
+            groups.append(
+                {
+                    "id": ex.id,
+                    "format": f,
+                    "correctness_when_formatted": [corr(o, ex) for o, x in zip(outs, f) if x == 1.0],
+                    "forms": [parse_completion(o).form for o in outs],
+                    "outputs": outs,
+                }
+            )
         n = sum(len(g["format"]) for g in groups)
         formatted = [c for g in groups for c in g["correctness_when_formatted"]]
         forms: dict[str, int] = {}
@@ -232,13 +269,17 @@ def main(argv: list[str] | None = None) -> int:
             for form in g["forms"]:
                 forms[form] = forms.get(form, 0) + 1
         summary = {
-            "label": label, "prompts": len(groups), "samples": n,
+            "label": label,
+            "prompts": len(groups),
+            "samples": n,
             "format_rate": sum(sum(g["format"]) for g in groups) / n,
             "groups_with_spread": sum(0 < sum(g["format"]) < len(g["format"]) for g in groups),
             "groups_all_formatted": sum(sum(g["format"]) == len(g["format"]) for g in groups),
             "groups_none_formatted": sum(sum(g["format"]) == 0 for g in groups),
             "mean_correctness_when_formatted": sum(formatted) / len(formatted) if formatted else None,
-            "forms": forms, "seconds": round(seconds, 1), "new_tokens": new_tokens,
+            "forms": forms,
+            "seconds": round(seconds, 1),
+            "new_tokens": new_tokens,
         }
         summary["share_with_spread"] = summary["groups_with_spread"] / len(groups)
         log(label, {k: v for k, v in summary.items() if k != "forms"}, "forms", forms)
@@ -248,15 +289,21 @@ def main(argv: list[str] | None = None) -> int:
         return [task.render_prompt(e, tok) for e in exs]
 
     def without_instruction(exs):
-        return [counterfactual_text(e.messages, [fmt.evidence(e)],
-                                    lambda m, e=e: render_prompt(dataclasses.replace(e, messages=m), tok),
-                                    example_id=e.id) for e in exs]
+        return [
+            counterfactual_text(
+                e.messages,
+                [fmt.evidence(e)],
+                lambda m, e=e: render_prompt(dataclasses.replace(e, messages=m), tok),
+                example_id=e.id,
+            )
+            for e in exs
+        ]
 
     def qwen_template(exs):
         prompts = []
         for e in exs:
             ours = system_prompt(e.tools)
-            rest = e.messages[0]["content"][len(ours):].strip()
+            rest = e.messages[0]["content"][len(ours) :].strip()
             assert e.messages[0]["content"].startswith(ours)
             msgs = ([{"role": "system", "content": rest}] if rest else []) + e.messages[1:]
             prompts.append(tok.apply_chat_template(msgs, tools=e.tools, tokenize=False, add_generation_prompt=True))
@@ -299,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
                 full = torch.cat([ids, torch.tensor([spelled])], dim=1)
                 with torch.no_grad():
-                    logp = m(full).logits[0, ids.shape[1] - 1:-1].log_softmax(-1)
+                    logp = m(full).logits[0, ids.shape[1] - 1 : -1].log_softmax(-1)
                 lp_special = logp[0, special].item()
                 lp_text = sum(logp[i, t].item() for i, t in enumerate(spelled))
                 rows.append({"special_token": round(lp_special, 2), "text_tokens": round(lp_text, 2)})
@@ -336,15 +383,24 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             m = model_at(k)
             t0 = time.perf_counter()
-            metrics, gens = evaluate_model(m, tok, task, evals, batch_size=8, max_new_tokens=args.max_new_tokens,
-                                           progress=False)
-            per = {c: {"correct": s["correct"], "total": s["total"], "format_rate": s["format_rate"]}
-                   for c, s in metrics["per_category"].items()}
-            results["bfcl"][str(k)] = {"accuracy": metrics["accuracy"], "correct": metrics["correct"],
-                                       "n": metrics["n"], "format_rate": metrics["format_rate"],
-                                       "per_category": per, "seconds": round(time.perf_counter() - t0, 1)}
-            (out / f"bfcl_dose{k}.json").write_text(json.dumps(
-                [{"id": g.id, "output": g.output, **v} for g, v in zip(gens, metrics["items"])], indent=1))
+            metrics, gens = evaluate_model(
+                m, tok, task, evals, batch_size=8, max_new_tokens=args.max_new_tokens, progress=False
+            )
+            per = {
+                c: {"correct": s["correct"], "total": s["total"], "format_rate": s["format_rate"]}
+                for c, s in metrics["per_category"].items()
+            }
+            results["bfcl"][str(k)] = {
+                "accuracy": metrics["accuracy"],
+                "correct": metrics["correct"],
+                "n": metrics["n"],
+                "format_rate": metrics["format_rate"],
+                "per_category": per,
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+            (out / f"bfcl_dose{k}.json").write_text(
+                json.dumps([{"id": g.id, "output": g.output, **v} for g, v in zip(gens, metrics["items"])], indent=1)
+            )
             log(f"BFCL greedy dose {k}", results["bfcl"][str(k)])
             save()
             del m

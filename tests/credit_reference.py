@@ -54,8 +54,10 @@ def without_span(messages: list[dict], span: str) -> list[dict]:
 def with_appended(messages: list[dict], text: str, header: str) -> list[dict]:
     """The messages with ``text`` appended to the last user turn under ``header``."""
     last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    return [{**m, "content": f"{m['content']}\n\n{header}\n{text}"} if i == last else dict(m)
-            for i, m in enumerate(messages)]
+    return [
+        {**m, "content": f"{m['content']}\n\n{header}\n{text}"} if i == last else dict(m)
+        for i, m in enumerate(messages)
+    ]
 
 
 def with_replaced(messages: list[dict], span: str, other: str) -> list[dict]:
@@ -68,7 +70,7 @@ def plain_logits(model, context: list[int], completion: list[int]) -> torch.Tens
     """``(T, V)`` float64 logits predicting each completion token after ``context``: one plain forward."""
     ids = torch.tensor([context + completion])
     logits = model(input_ids=ids).logits[0].double()
-    return logits[len(context) - 1: len(context) - 1 + len(completion)]
+    return logits[len(context) - 1 : len(context) - 1 + len(completion)]
 
 
 def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -85,8 +87,14 @@ def _jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (0.5 * kl(p, m) + 0.5 * kl(q, m)).clamp_min(0.0)
 
 
-def relevance(kind: str, with_logits: torch.Tensor, without_logits: torch.Tensor, tokens: list[int],
-              temperature: float, top_k: int | None = None) -> torch.Tensor:
+def relevance(
+    kind: str,
+    with_logits: torch.Tensor,
+    without_logits: torch.Tensor,
+    tokens: list[int],
+    temperature: float,
+    top_k: int | None = None,
+) -> torch.Tensor:
     """``(T,)`` relevance per position of p = with, q = without (step 4's table)."""
     logp, logq = _log_softmax(with_logits, temperature), _log_softmax(without_logits, temperature)
     p, q = logp.exp(), logq.exp()
@@ -142,10 +150,10 @@ def group_normalized(values: torch.Tensor, group: int) -> torch.Tensor:
     """Step 2 on a ``(N,)`` column: ``(x − mean) / (std + 1e-4)`` per group, 0 for a group without spread."""
     out = torch.zeros_like(values)
     for start in range(0, len(values), group):
-        x = values[start:start + group]
+        x = values[start : start + group]
         std = float(x.std(unbiased=True)) if len(x) > 1 else 0.0
         if std > 0:
-            out[start:start + group] = (x - x.mean()) / (std + STD_EPS)
+            out[start : start + group] = (x - x.mean()) / (std + STD_EPS)
     return out
 
 
@@ -160,12 +168,12 @@ def batch_scaled(scores: torch.Tensor, mean: float, std: float, batch_norm: bool
 class Batch:
     """One generation step as the trainer held it: prompt rows' messages and evidence, token ids, masks."""
 
-    messages: list[list[dict]]          # (N,) each row's chat prompt
-    evidence: list[list[str | None]]    # (N, K) each reward's evidence text (None: none for that row)
-    prompt_ids: list[list[int]]         # (N,) unpadded
-    completions: list[list[int]]        # (N,) unpadded (completion_mask)
-    mask: torch.Tensor                  # (N, T) the credit mask: completion_mask × tool_mask
-    rewards: torch.Tensor               # (N, K), finite
+    messages: list[list[dict]]  # (N,) each row's chat prompt
+    evidence: list[list[str | None]]  # (N, K) each reward's evidence text (None: none for that row)
+    prompt_ids: list[list[int]]  # (N,) unpadded
+    completions: list[list[int]]  # (N,) unpadded (completion_mask)
+    mask: torch.Tensor  # (N, T) the credit mask: completion_mask × tool_mask
+    rewards: torch.Tensor  # (N, K), finite
     group: int
 
 
@@ -196,21 +204,22 @@ def _maps(model, tok, batch: Batch, s: Settings) -> dict[str, torch.Tensor]:
             if placement is None or text is None:
                 continue
             # the decoy: this reward's evidence in the next group (cyclically) whose text differs
-            others = [batch.evidence[group_firsts[(g + step) % len(group_firsts)]][i]
-                      for step in range(1, len(group_firsts))]
+            others = [
+                batch.evidence[group_firsts[(g + step) % len(group_firsts)]][i] for step in range(1, len(group_firsts))
+            ]
             other = next((o for o in others if o is not None and o != text), None)
-            if placement == "in_prompt":   # with = the original, without = the span removed
+            if placement == "in_prompt":  # with = the original, without = the span removed
                 removed = without_span(messages, text)
                 own[j, i, :length] = rel(messages, removed)
                 joint_msgs = without_span(joint_msgs, text)
-                if other is not None:      # decoy in place of the span, against the span removed
+                if other is not None:  # decoy in place of the span, against the span removed
                     decoy[j, i, :length] = rel(with_replaced(messages, text, other), removed)
-            else:                          # with = the evidence appended, without = the original
+            else:  # with = the evidence appended, without = the original
                 own[j, i, :length] = rel(with_appended(messages, text, s.header), messages)
                 joint_msgs = with_appended(joint_msgs, text, s.header)
                 if other is not None:
                     decoy[j, i, :length] = rel(with_appended(messages, other, s.header), messages)
-        if joint_msgs is not messages:     # the original carries the evidence (the in_prompt convention)
+        if joint_msgs is not messages:  # the original carries the evidence (the in_prompt convention)
             joint[j, :length] = relevance(s.relevance, base, logits(joint_msgs), tokens, s.temperature, s.top_k)
     return {"own": own, "decoy": decoy, "joint": joint, "entropy": ent}
 
@@ -250,4 +259,3 @@ def reference_advantages(model, tok, batch: Batch, s: Settings) -> torch.Tensor:
             weights = weights.roll(-1, dims=1)
     per_token = (coefficients.unsqueeze(2) * weights).sum(1)
     return batch_scaled(per_token, mean, std, s.batch_norm) * mask
-

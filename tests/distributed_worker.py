@@ -70,17 +70,26 @@ def build_rows(missing_evidence_in: str | None = None) -> list[dict]:
     broken dataset row, for the error-propagation check).
     """
     rows = []
-    for i, (topic, keyword, kind) in enumerate([
-        ("owls", "Mention the word river.", "closed"),
-        ("salt", "", "open"),
-        ("kites", "Mention the word moon.", "closed"),
-    ]):
+    for i, (topic, keyword, kind) in enumerate(
+        [
+            ("owls", "Mention the word river.", "closed"),
+            ("salt", "", "open"),
+            ("kites", "Mention the word moon.", "closed"),
+        ]
+    ):
         system = "Answer in one line." + (f" {keyword}" if keyword else "")
-        rows.append({
-            "prompt": [{"role": "system", "content": system},
-                       {"role": "user", "content": f"Say something about {topic}."}],
-            "keyword": keyword, "gold": f"a fact about {topic}", "kind": kind, "example_id": f"p{i}",
-        })
+        rows.append(
+            {
+                "prompt": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"Say something about {topic}."},
+                ],
+                "keyword": keyword,
+                "gold": f"a fact about {topic}",
+                "kind": kind,
+                "example_id": f"p{i}",
+            }
+        )
         if rows[-1]["example_id"] == missing_evidence_in:
             rows[-1]["keyword"] = "Mention the word nowhere."
     return rows
@@ -95,21 +104,43 @@ def build_dataset(missing_evidence_in: str | None = None):
 def gym_overrides(output_dir: str, max_steps: int, per_device_train_batch_size: int = 16) -> dict:
     """``mrtpo train`` settings of the gym run of issue 31 (its defaults otherwise, the row skip on):
     4 prompts x 8 completions per step over the processes."""
-    return {"task": "gym-constraints", "model": "gym", "output_dir": output_dir, "max_steps": max_steps,
-            "num_generations": 8, "per_device_train_batch_size": per_device_train_batch_size,
-            "max_completion_length": 40, "learning_rate": 3e-4, "report": False, "save_strategy": "no",
-            "lam": 1.0, "w_max": None}  # the paper's weight shape: the trajectory the tests' step notes describe
+    return {
+        "task": "gym-constraints",
+        "model": "gym",
+        "output_dir": output_dir,
+        "max_steps": max_steps,
+        "num_generations": 8,
+        "per_device_train_batch_size": per_device_train_batch_size,
+        "max_completion_length": 40,
+        "learning_rate": 3e-4,
+        "report": False,
+        "save_strategy": "no",
+        "lam": 1.0,
+        "w_max": None,
+    }  # the paper's weight shape: the trajectory the tests' step notes describe
 
 
 def build_config(output_dir: str, method: str, max_steps: int, **kw):
     from mrtpo.trainer import MRTPOConfig
 
     base = {
-        "output_dir": output_dir, "use_cpu": True, "bf16": False, "activation_checkpointing": False, "report_to": [],
-        "per_device_train_batch_size": PER_DEVICE_BATCH, "num_generations": NUM_GENERATIONS,
-        "max_completion_length": 8, "max_steps": max_steps, "logging_steps": 1, "save_strategy": "no",
-        "learning_rate": 1e-2, "seed": 0, "temperature": 1.0, "multi_objective_aggregation": "normalize_then_sum",
-        "credit_samples": 0, "dataloader_num_workers": 0,
+        "output_dir": output_dir,
+        "use_cpu": True,
+        "bf16": False,
+        "activation_checkpointing": False,
+        "report_to": [],
+        "per_device_train_batch_size": PER_DEVICE_BATCH,
+        "num_generations": NUM_GENERATIONS,
+        "max_completion_length": 8,
+        "max_steps": max_steps,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "learning_rate": 1e-2,
+        "seed": 0,
+        "temperature": 1.0,
+        "multi_objective_aggregation": "normalize_then_sum",
+        "credit_samples": 0,
+        "dataloader_num_workers": 0,
     }
     base.update(kw)
     return MRTPOConfig(method=method, **base)
@@ -140,11 +171,14 @@ def main() -> int:
     parser.add_argument("--method", default="mrtpo")
     parser.add_argument("--max-steps", type=int, default=2)
     parser.add_argument("--expect-processes", type=int, default=2)
-    parser.add_argument("--missing-evidence-in", default=None,
-                        help="example id whose evidence span is not in its prompt")
-    parser.add_argument("--simulate-sharded", action="store_true",
-                        help="make every replay forward a collective (as under ZeRO-3 / FSDP) "
-                             "and check the calls pair up")
+    parser.add_argument(
+        "--missing-evidence-in", default=None, help="example id whose evidence span is not in its prompt"
+    )
+    parser.add_argument(
+        "--simulate-sharded",
+        action="store_true",
+        help="make every replay forward a collective (as under ZeRO-3 / FSDP) and check the calls pair up",
+    )
     parser.add_argument("--groups-per-pass", type=int, default=1, help="replay_groups_per_pass (0: all groups)")
     parser.add_argument("--gym", action="store_true", help="train the gym policy on gym-constraints (gym_overrides)")
     args = parser.parse_args()
@@ -162,10 +196,15 @@ def main() -> int:
         trainer = build_trainer(load_config(overrides=gym_overrides(str(out_dir / "run"), args.max_steps)))
     else:
         model, tok = tiny_policy(seed=0)
-        trainer = MRTPOTrainer(model=model, processing_class=tok, reward_funcs=build_rewards(),
-                               args=build_config(str(out_dir / "run"), args.method, args.max_steps,
-                                                 replay_groups_per_pass=args.groups_per_pass or None),
-                               train_dataset=build_dataset(args.missing_evidence_in))
+        trainer = MRTPOTrainer(
+            model=model,
+            processing_class=tok,
+            reward_funcs=build_rewards(),
+            args=build_config(
+                str(out_dir / "run"), args.method, args.max_steps, replay_groups_per_pass=args.groups_per_pass or None
+            ),
+            train_dataset=build_dataset(args.missing_evidence_in),
+        )
     acc = trainer.accelerator
     assert acc.num_processes == args.expect_processes, (
         f"expected {args.expect_processes} processes, accelerate sees {acc.num_processes} "
@@ -201,7 +240,8 @@ def main() -> int:
                 dist.all_gather(every, mine, group=sharded_group)  # times out if the other rank never comes
                 assert all(torch.equal(e, mine) for e in every), (
                     f"rank {acc.process_index}: replay call (step, index) {mine.tolist()} "
-                    f"met {[e.tolist() for e in every]}")
+                    f"met {[e.tolist() for e in every]}"
+                )
 
     trainer.model.register_forward_pre_hook(count_call, with_kwargs=True)
 
@@ -224,19 +264,26 @@ def main() -> int:
         calls.append([])
         out = original_generate(inputs)
         batch = recorder.batches[-1]
-        steps.append({
-            "inputs": [dict(row) for row in inputs],
-            "prompt_ids": _tensor(out["prompt_ids"]), "prompt_mask": _tensor(out["prompt_mask"]),
-            "completion_ids": _tensor(out["completion_ids"]), "completion_mask": _tensor(out["completion_mask"]),
-            "advantages": _tensor(out["advantages"]),
-            # What the trainer gave the credit math: gathered rewards, this process's rows, local maps.
-            "rewards": [[None if math.isnan(v) else v for v in r] for r in _tensor(batch.rewards)],
-            "rows": [batch.rows.start, batch.rows.stop] if batch.rows is not None else None,
-            "group_size": batch.group_size, "credit_mask": _tensor(batch.mask),
-            "relevance": _tensor(batch.relevance) if batch.relevance is not None else None,
-            "has_evidence": _tensor(torch.as_tensor(batch.has_evidence)) if batch.has_evidence is not None else None,
-            "credit_config": dataclasses.asdict(trainer.credit_config),
-        })
+        steps.append(
+            {
+                "inputs": [dict(row) for row in inputs],
+                "prompt_ids": _tensor(out["prompt_ids"]),
+                "prompt_mask": _tensor(out["prompt_mask"]),
+                "completion_ids": _tensor(out["completion_ids"]),
+                "completion_mask": _tensor(out["completion_mask"]),
+                "advantages": _tensor(out["advantages"]),
+                # What the trainer gave the credit math: gathered rewards, this process's rows, local maps.
+                "rewards": [[None if math.isnan(v) else v for v in r] for r in _tensor(batch.rewards)],
+                "rows": [batch.rows.start, batch.rows.stop] if batch.rows is not None else None,
+                "group_size": batch.group_size,
+                "credit_mask": _tensor(batch.mask),
+                "relevance": _tensor(batch.relevance) if batch.relevance is not None else None,
+                "has_evidence": _tensor(torch.as_tensor(batch.has_evidence))
+                if batch.has_evidence is not None
+                else None,
+                "credit_config": dataclasses.asdict(trainer.credit_config),
+            }
+        )
         return out
 
     trainer._generate_and_score_completions = recording_generate
@@ -247,9 +294,14 @@ def main() -> int:
     def recording_rows(inputs, zero, accelerator):
         kept, left_out = original_rows(inputs, zero, accelerator)
         tensors = {k: v for k, v in inputs.items() if torch.is_tensor(v)}
-        micro_batches.append({"inputs": {k: _tensor(v) for k, v in tensors.items()},
-                              "dtypes": {k: str(v.dtype).removeprefix("torch.") for k, v in tensors.items()},
-                              "kept_zero": _tensor(kept[ZERO_ADVANTAGE_KEY]), "left_out": left_out})
+        micro_batches.append(
+            {
+                "inputs": {k: _tensor(v) for k, v in tensors.items()},
+                "dtypes": {k: str(v.dtype).removeprefix("torch.") for k, v in tensors.items()},
+                "kept_zero": _tensor(kept[ZERO_ADVANTAGE_KEY]),
+                "left_out": left_out,
+            }
+        )
         return kept, left_out
 
     mrtpo.trainer.core.rows_that_move = recording_rows
@@ -265,16 +317,22 @@ def main() -> int:
     result = trainer.train()
 
     record = {
-        "rank": rank, "num_processes": acc.num_processes, "distributed_type": str(acc.distributed_type),
-        "world_size_env": int(os.environ.get("WORLD_SIZE", "1")), "method": args.method,
-        "replay_calls": calls, "steps": steps, "micro_batches": micro_batches,
+        "rank": rank,
+        "num_processes": acc.num_processes,
+        "distributed_type": str(acc.distributed_type),
+        "world_size_env": int(os.environ.get("WORLD_SIZE", "1")),
+        "method": args.method,
+        "replay_calls": calls,
+        "steps": steps,
+        "micro_batches": micro_batches,
         "train_loss": result.training_loss,
         "global_step": trainer.state.global_step,
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
     unwrapped = acc.unwrap_model(trainer.model)
-    torch.save({k: v.detach().cpu().clone() for k, v in unwrapped.state_dict().items()},
-               out_dir / f"rank{rank}_params.pt")
+    torch.save(
+        {k: v.detach().cpu().clone() for k, v in unwrapped.state_dict().items()}, out_dir / f"rank{rank}_params.pt"
+    )
     torch.save(updates, out_dir / f"rank{rank}_updates.pt")
     acc.wait_for_everyone()
     print(f"rank {rank}: done, {sum(map(len, calls))} replay calls over {len(calls)} generation steps", flush=True)

@@ -11,10 +11,31 @@ import pytest
 def test_cost_bench_counts_the_replay_forwards_it_needs(tiny_model_dir, tmp_path):
     out = tmp_path / "cost.json"
     done = subprocess.run(
-        [sys.executable, "-m", "mrtpo.cli", "bench", "cost", "--model", str(tiny_model_dir), "--task", "sql",
-         "--prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--lora-r", "4", "--profile",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mrtpo.cli",
+            "bench",
+            "cost",
+            "--model",
+            str(tiny_model_dir),
+            "--task",
+            "sql",
+            "--prompts",
+            "1",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--lora-r",
+            "4",
+            "--profile",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
@@ -56,10 +77,36 @@ def test_cost_bench_replays_groups_together_when_asked(tiny_model_dir, tmp_path,
     ``--groups-per-pass 0``."""
     out = tmp_path / "cost.json"
     done = subprocess.run(
-        [sys.executable, "-m", "mrtpo.cli", "bench", "cost", "--model", str(tiny_model_dir), "--task", "sql",
-         "--prompts", "2", "--group-size", "2", "--max-new-tokens", "4", "--lora-r", "4", "--methods", "mrtpo",
-         "--update-modes", "shared", "--groups-per-pass", groups_per_pass, "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mrtpo.cli",
+            "bench",
+            "cost",
+            "--model",
+            str(tiny_model_dir),
+            "--task",
+            "sql",
+            "--prompts",
+            "2",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--lora-r",
+            "4",
+            "--methods",
+            "mrtpo",
+            "--update-modes",
+            "shared",
+            "--groups-per-pass",
+            groups_per_pass,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
@@ -78,10 +125,31 @@ def test_replay_bench_against_a_plain_forward_over_the_same_tokens(tiny_model_di
 
     out = tmp_path / "replay.json"
     done = subprocess.run(
-        [sys.executable, "-m", "mrtpo.cli", "bench", "replay", "--model", str(tiny_model_dir), "--prompts", "2",
-         "--group-size", "3", "--max-new-tokens", "5", "--groups-per-pass", groups_per_pass, "--repeats", "2",
-         "--profile", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mrtpo.cli",
+            "bench",
+            "replay",
+            "--model",
+            str(tiny_model_dir),
+            "--prompts",
+            "2",
+            "--group-size",
+            "3",
+            "--max-new-tokens",
+            "5",
+            "--groups-per-pass",
+            groups_per_pass,
+            "--repeats",
+            "2",
+            "--profile",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(out.read_text())
@@ -108,11 +176,33 @@ def test_gpu_check_dry_run_on_the_cpu(tiny_model_dir, tmp_path):
     steps >= 2, peak memory, the step ratio."""
     out = tmp_path / "gpu"
     done = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--shapes", "tiny", "--tokenizer", str(tiny_model_dir), "--steps", "2",
-         "--prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--out", str(out),
-         "--models", str(tmp_path / "models"),
-         "use_cpu=true", "bf16=false", "activation_checkpointing=false"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable},
+        [
+            "bash",
+            "scripts/gpu_check.sh",
+            "--shapes",
+            "tiny",
+            "--tokenizer",
+            str(tiny_model_dir),
+            "--steps",
+            "2",
+            "--prompts",
+            "1",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(out),
+            "--models",
+            str(tmp_path / "models"),
+            "use_cpu=true",
+            "bf16=false",
+            "activation_checkpointing=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable},
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     record = json.loads((out / "gpu.json").read_text())

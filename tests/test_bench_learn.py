@@ -48,10 +48,20 @@ def test_eval_callback_runs_greedy_in_eval_mode_and_leaves_the_run_alone(tmp_pat
 
     from mrtpo.verifiers import Example
 
-    examples = [Example(id=f"e{i}", split="eval", messages=[{"role": "user", "content": f"prompt {i}"}],
-                        gold={}, tools=None, meta={}) for i in range(3)]
-    trainer = types.SimpleNamespace(model=model, processing_class=tok,
-                                    accelerator=types.SimpleNamespace(unwrap_model=lambda m: m))
+    examples = [
+        Example(
+            id=f"e{i}",
+            split="eval",
+            messages=[{"role": "user", "content": f"prompt {i}"}],
+            gold={},
+            tools=None,
+            meta={},
+        )
+        for i in range(3)
+    ]
+    trainer = types.SimpleNamespace(
+        model=model, processing_class=tok, accelerator=types.SimpleNamespace(unwrap_model=lambda m: m)
+    )
     cb = EvalCallback(trainer, Task(), examples, every=2, folder=tmp_path, batch_size=2, max_new_tokens=5)
     rng = torch.get_rng_state()
     cb.evaluate(0)
@@ -109,10 +119,31 @@ def patched_task():
 
 
 def _argv(tiny_dir, out, *extra):
-    return ["--task", "sql", "--methods", ",".join(METHODS), "--seeds", ",".join(map(str, SEEDS)),
-            "--max-steps", "2", "--eval-every", "1", "--eval-size", "2", "--eval-max-new-tokens", "6",
-            "--target-reward", "1000", "--out", str(out), f"model={tiny_dir}", "train_size=8",
-            "max_completion_length=10", "learning_rate=0.05", *extra]
+    return [
+        "--task",
+        "sql",
+        "--methods",
+        ",".join(METHODS),
+        "--seeds",
+        ",".join(map(str, SEEDS)),
+        "--max-steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--eval-size",
+        "2",
+        "--eval-max-new-tokens",
+        "6",
+        "--target-reward",
+        "1000",
+        "--out",
+        str(out),
+        f"model={tiny_dir}",
+        "train_size=8",
+        "max_completion_length=10",
+        "learning_rate=0.05",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +197,12 @@ def test_comparison_files_cover_every_method_and_seed(bench):
     diffs = [final[("mrtpo", s)] - final[("gdpo", s)] for s in SEEDS]
     total = paired["by_method"]["mrtpo"]["reward"]
     assert total["n"] == 2 and total["mean_difference"] == pytest.approx(sum(diffs) / 2)
-    assert set(paired["by_method"]["mrtpo"]) == {"reward", "reward_at_equal_time", "heldout/execution_accuracy",
-                                                 "steps_to_target"}
+    assert set(paired["by_method"]["mrtpo"]) == {
+        "reward",
+        "reward_at_equal_time",
+        "heldout/execution_accuracy",
+        "steps_to_target",
+    }
     for r in result["runs"]:  # equal seconds: gdpo's budget is its own whole run, so its value is its final
         times = [x["step_time"] for x in _jsonl(bench / f"gdpo-seed{r['seed']}" / "metrics.jsonl") if "loss" in x]
         if "equal_time" not in r:  # on busy cores an mrtpo run's first step can outlast gdpo's 2-step run
@@ -205,8 +240,11 @@ def test_every_run_is_evaluated_at_start_each_step_and_end(bench):
 
 
 def test_same_seed_same_prompts_and_first_batch_across_methods(bench):
-    order = {(m, s): [r["example_ids"] for r in _jsonl(bench / f"{m}-seed{s}" / "prompts.jsonl")]
-             for m in METHODS for s in SEEDS}
+    order = {
+        (m, s): [r["example_ids"] for r in _jsonl(bench / f"{m}-seed{s}" / "prompts.jsonl")]
+        for m in METHODS
+        for s in SEEDS
+    }
     for s in SEEDS:
         assert order[("gdpo", s)] == order[("mrtpo", s)]
         assert len(order[("gdpo", s)]) == 2 and all(len(b) == 8 for b in order[("gdpo", s)])  # 2 prompts x 4

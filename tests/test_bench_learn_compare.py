@@ -10,10 +10,15 @@ import pytest
 
 from mrtpo.bench.learn import HELDOUT_METRICS, build_comparison, heldout_metrics
 
-FINAL = {("gdpo", 0): 1.0, ("gdpo", 1): 2.0, ("gdpo", 2): 3.0,
-         ("mrtpo", 0): 2.0, ("mrtpo", 1): 4.0, ("mrtpo", 2): 6.0}
-HELDOUT_END = {("gdpo", 0): 0.1, ("gdpo", 1): 0.2, ("gdpo", 2): 0.3,
-               ("mrtpo", 0): 0.2, ("mrtpo", 1): 0.2, ("mrtpo", 2): 0.5}
+FINAL = {("gdpo", 0): 1.0, ("gdpo", 1): 2.0, ("gdpo", 2): 3.0, ("mrtpo", 0): 2.0, ("mrtpo", 1): 4.0, ("mrtpo", 2): 6.0}
+HELDOUT_END = {
+    ("gdpo", 0): 0.1,
+    ("gdpo", 1): 0.2,
+    ("gdpo", 2): 0.3,
+    ("mrtpo", 0): 0.2,
+    ("mrtpo", 1): 0.2,
+    ("mrtpo", 2): 0.5,
+}
 
 
 class DeclaringTask:
@@ -26,11 +31,15 @@ def _write_runs(out):
     for (method, seed), final in FINAL.items():
         folder = out / f"{method}-seed{seed}"
         folder.mkdir(parents=True)
-        lines = [{"step": s, "loss": 0.0, "reward": r, "rewards/ok/mean": r / 2, "completions/mean_length": 10.0}
-                 for s, r in ((1, 0.0), (2, final / 2), (3, final))]
+        lines = [
+            {"step": s, "loss": 0.0, "reward": r, "rewards/ok/mean": r / 2, "completions/mean_length": 10.0}
+            for s, r in ((1, 0.0), (2, final / 2), (3, final))
+        ]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-        evals = [{"step": 0, "metrics": {"acc": 0.0, "rate": 0.5}},
-                 {"step": 3, "metrics": {"acc": HELDOUT_END[(method, seed)], "rate": 0.5}}]
+        evals = [
+            {"step": 0, "metrics": {"acc": 0.0, "rate": 0.5}},
+            {"step": 3, "metrics": {"acc": HELDOUT_END[(method, seed)], "rate": 0.5}},
+        ]
         (folder / "eval.jsonl").write_text("".join(json.dumps(x) + "\n" for x in evals))
         (folder / "finished.json").write_text(json.dumps({"steps": 3, "wall_s": 1.0, "train_s": 1.0, "eval_s": 0.0}))
 
@@ -38,8 +47,9 @@ def _write_runs(out):
 @pytest.fixture
 def result(tmp_path):
     _write_runs(tmp_path)
-    return build_comparison(tmp_path, DeclaringTask(), ["mrtpo", "gdpo"], [0, 1, 2], target=1.5, tail=1,
-                            plots=False), tmp_path
+    return build_comparison(
+        tmp_path, DeclaringTask(), ["mrtpo", "gdpo"], [0, 1, 2], target=1.5, tail=1, plots=False
+    ), tmp_path
 
 
 def test_means_carry_student_t_intervals(result):
@@ -107,8 +117,10 @@ def _write_policy_runs(out):
             for method, rewards, step_time in (("gdpo", (0.0, 0.5, 1.0), 1.0), ("mrtpo", (0.0, 0.5 + d, 1.0 + d), 1.5)):
                 folder = out / f"{method}-policy{policy}-seed{seed}"
                 folder.mkdir(parents=True)
-                lines = [{"step": s, "reward": r, "step_time": step_time, "completions/mean_length": 10.0}
-                         for s, r in zip((1, 2, 3), rewards)]
+                lines = [
+                    {"step": s, "reward": r, "step_time": step_time, "completions/mean_length": 10.0}
+                    for s, r in zip((1, 2, 3), rewards)
+                ]
                 (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
                 if (method, policy, seed) != ("mrtpo", 2, 2):
                     (folder / "finished.json").write_text(json.dumps({"steps": 3, "train_s": 3.0, "eval_s": 0.0}))
@@ -116,8 +128,9 @@ def _write_policy_runs(out):
 
 def test_policies_pair_by_policy_and_seed_with_a_two_level_interval(tmp_path):
     _write_policy_runs(tmp_path)
-    res = build_comparison(tmp_path, "made-up", ["gdpo", "mrtpo"], [0, 1, 2], tail=1, heldout=[], plots=False,
-                           policies=[1, 2])
+    res = build_comparison(
+        tmp_path, "made-up", ["gdpo", "mrtpo"], [0, 1, 2], tail=1, heldout=[], plots=False, policies=[1, 2]
+    )
     assert res["policies"] == [1, 2] and res["missing"] == [["mrtpo", 2, 2]]
     assert {(r["method"], r["policy"], r["seed"]) for r in res["runs"]} >= {("gdpo", 2, 2), ("mrtpo", 1, 0)}
     pooled = res["paired"]["by_method"]["mrtpo"]["reward"]  # every (policy, seed) pair, as if independent

@@ -40,13 +40,20 @@ def test_preset_with_an_unknown_bench_key_is_refused(tmp_path):
         read_preset(bad, "sql")
 
 
-
-
 def test_method_settings_let_only_their_keys_differ(tmp_path):
     from mrtpo.bench.learn.plan import BenchError, plan_configs
 
-    plans = plan_configs("gym-call", ["gdpo", "mrtpo"], [0], {"model": "gym"}, "preset", [], {"max_steps": 3},
-                         tmp_path, {"mrtpo": {"learning_rate": 3e-4}})
+    plans = plan_configs(
+        "gym-call",
+        ["gdpo", "mrtpo"],
+        [0],
+        {"model": "gym"},
+        "preset",
+        [],
+        {"max_steps": 3},
+        tmp_path,
+        {"mrtpo": {"learning_rate": 3e-4}},
+    )
     assert plans[("mrtpo", None, 0)].args.learning_rate == 3e-4
     assert plans[("gdpo", None, 0)].args.learning_rate != 3e-4 and plans[("gdpo", None, 0)].args.max_steps == 3
     with pytest.raises(BenchError, match="not benchmarked"):
@@ -60,8 +67,19 @@ def test_a_variant_trains_its_base_method_under_its_own_label_with_its_own_setti
 
     labels, bases = method_variants(["gdpo", "mrtpo", "paper=mrtpo"])
     assert labels == ["gdpo", "mrtpo", "paper"] and bases == {"paper": "mrtpo"}
-    plans = plan_configs("gym-call", labels, [0], {"model": "gym"}, "preset", [], {"max_steps": 3}, tmp_path,
-                         {"paper": {"lam": 1.0, "w_max": None}}, None, bases)
+    plans = plan_configs(
+        "gym-call",
+        labels,
+        [0],
+        {"model": "gym"},
+        "preset",
+        [],
+        {"max_steps": 3},
+        tmp_path,
+        {"paper": {"lam": 1.0, "w_max": None}},
+        None,
+        bases,
+    )
     paper, default = plans[("paper", None, 0)], plans[("mrtpo", None, 0)]
     assert paper.args.method == default.args.method == "mrtpo"
     assert (paper.args.lam, paper.args.w_max) == (1.0, None) and (default.args.lam, default.args.w_max) == (0.2, 1.2)
@@ -78,8 +96,9 @@ def test_policies_give_one_run_per_method_policy_and_seed(tmp_path):
     from mrtpo.bench.learn.plan import plan_configs, stable_settings
 
     overrides = {"max_steps": 3, "task_args": {"p_follow": 0.7, "policy": {"steps": 3, "batch_size": 8}}}
-    plans = plan_configs("gym-call", ["gdpo", "mrtpo"], [0, 4], {"model": "gym"}, "preset", [], overrides, tmp_path,
-                         policies=[1, 2])
+    plans = plan_configs(
+        "gym-call", ["gdpo", "mrtpo"], [0, 4], {"model": "gym"}, "preset", [], overrides, tmp_path, policies=[1, 2]
+    )
     assert sorted(plans) == sorted((m, p, s) for m in ("gdpo", "mrtpo") for p in (1, 2) for s in (0, 4))
     for (method, policy, seed), config in plans.items():
         assert config.args.output_dir == str(tmp_path / f"{method}-policy{policy}-seed{seed}")
@@ -113,8 +132,17 @@ def test_policies_are_refused_off_the_gym_and_with_a_hand_set_policy_seed(tmp_pa
     with pytest.raises(BenchError, match="task 'sql' has none: use a gym-\\* task"):
         plan_configs("sql", ["gdpo"], [0], {}, "preset", [], {}, tmp_path, policies=[0])
     with pytest.raises(BenchError, match="policy.seed, which --policies sets"):
-        plan_configs("gym-call", ["gdpo"], [0], {"model": "gym"}, "preset", [], {"task_args": {"policy": {"seed": 3}}},
-                     tmp_path, policies=[0])
+        plan_configs(
+            "gym-call",
+            ["gdpo"],
+            [0],
+            {"model": "gym"},
+            "preset",
+            [],
+            {"task_args": {"policy": {"seed": 3}}},
+            tmp_path,
+            policies=[0],
+        )
     assert main(["--task", "sql", "--policies", "0,1", "--dry-run", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--policies" in err[0] and "gym-* task" in err[0]
@@ -123,8 +151,26 @@ def test_policies_are_refused_off_the_gym_and_with_a_hand_set_policy_seed(tmp_pa
 def test_dry_run_lists_every_policy_and_seed(tmp_path, capsys):
     from mrtpo.bench.learn import main
 
-    assert main(["--task", "gym-call", "--preset", "gym", "--methods", "gdpo,mrtpo", "--seeds", "0,1",
-                 "--policies", "0,2", "--dry-run", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--task",
+                "gym-call",
+                "--preset",
+                "gym",
+                "--methods",
+                "gdpo,mrtpo",
+                "--seeds",
+                "0,1",
+                "--policies",
+                "0,2",
+                "--dry-run",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     for m in ("gdpo", "mrtpo"):
         for p in (0, 2):

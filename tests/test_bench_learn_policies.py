@@ -7,9 +7,26 @@ import json
 import pytest
 import torch
 
-ARGS = ["--task", "gym-call", "--preset", "gym", "--methods", "gdpo,mrtpo", "--seeds", "0", "--policies", "0,1",
-        "--max-steps", "2", "--eval-every", "2", "--eval-size", "4",
-        "task_args={policy: {steps: 3, batch_size: 8}}", "per_device_train_batch_size=8"]
+ARGS = [
+    "--task",
+    "gym-call",
+    "--preset",
+    "gym",
+    "--methods",
+    "gdpo,mrtpo",
+    "--seeds",
+    "0",
+    "--policies",
+    "0,1",
+    "--max-steps",
+    "2",
+    "--eval-every",
+    "2",
+    "--eval-size",
+    "4",
+    "task_args={policy: {steps: 3, batch_size: 8}}",
+    "per_device_train_batch_size=8",
+]
 
 
 @pytest.fixture(scope="module")

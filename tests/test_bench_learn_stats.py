@@ -159,8 +159,13 @@ def test_paired_comparison_agrees_with_scipy(seed):
     assert c["t"] == pytest.approx(t.statistic) and c["p_value"] == pytest.approx(t.pvalue)
     ci = t.confidence_interval(0.95)
     assert c["ci95"] == pytest.approx([ci.low, ci.high])
-    perm = stats.permutation_test((meth, ref), lambda x, y: np.mean(x - y), permutation_type="samples",
-                                  alternative="two-sided", n_resamples=10_000)  # 2^6 = 64 < n: exact
+    perm = stats.permutation_test(
+        (meth, ref),
+        lambda x, y: np.mean(x - y),
+        permutation_type="samples",
+        alternative="two-sided",
+        n_resamples=10_000,
+    )  # 2^6 = 64 < n: exact
     assert c["p_sign_flip"] == pytest.approx(perm.pvalue)
 
 
@@ -187,9 +192,12 @@ def test_two_level_interval_by_hand():
 def test_two_level_bootstrap_matches_the_enumerated_bootstrap_and_is_reproducible():
     c = two_level_interval(TABLE)
     # Every outcome of the two-stage bootstrap, equally likely: 2 slots x (a policy, then 3 of its seeds).
-    outcomes = sorted((sum(a) / 3 + sum(b) / 3) / 2
-                      for first, second in itertools.product(TABLE.values(), repeat=2)
-                      for a in itertools.product(first, repeat=3) for b in itertools.product(second, repeat=3))
+    outcomes = sorted(
+        (sum(a) / 3 + sum(b) / 3) / 2
+        for first, second in itertools.product(TABLE.values(), repeat=2)
+        for a in itertools.product(first, repeat=3)
+        for b in itertools.product(second, repeat=3)
+    )
     exact = np.quantile(outcomes, [0.025, 0.975])
     low, high = c["ci95_bootstrap"]
     assert low < 1.25 < high and (low, high) == pytest.approx(exact, abs=0.08)  # support steps are 1/12
@@ -217,8 +225,12 @@ def test_value_at_seconds_takes_the_last_step_within_the_budget():
     assert training_seconds(TIMED) == ([1, 2, 3, 4], [1.0, 3.0, 6.0, 10.0])
     at = value_at_seconds(TIMED, "reward", 7.0, tail=2)
     assert at == {"step": 3, "seconds": 6.0, "value": 25.0, "ran_out": False}  # mean of steps 2 and 3
-    assert value_at_seconds(TIMED, "reward", 10.0, tail=1) == {"step": 4, "seconds": 10.0, "value": 40.0,
-                                                               "ran_out": False}  # exactly its own length
+    assert value_at_seconds(TIMED, "reward", 10.0, tail=1) == {
+        "step": 4,
+        "seconds": 10.0,
+        "value": 40.0,
+        "ran_out": False,
+    }  # exactly its own length
     assert value_at_seconds(TIMED, "reward", 50.0, tail=1)["ran_out"] is True  # ended before the budget
     assert value_at_seconds(TIMED, "reward", 0.5, tail=1) is None  # not even one step
 

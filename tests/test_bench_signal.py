@@ -53,8 +53,7 @@ def test_cosine_and_effective_gain_by_hand():
 
 
 def test_scaled_gradients_have_the_same_signal():
-    stats = signal_stats({"g": gram(G), "twice": gram(2 * G)}, {"g": gram(G), "twice": cross_gram(2 * G, G)}, "g",
-                         ONES)
+    stats = signal_stats({"g": gram(G), "twice": gram(2 * G)}, {"g": gram(G), "twice": cross_gram(2 * G, G)}, "g", ONES)
     assert stats["twice"]["g_eff"] == pytest.approx(1.0)
     assert stats["twice"]["g_eff_excess"] == pytest.approx(1.0)
 
@@ -75,8 +74,9 @@ def test_counts_are_multiplicities():
     assert snr(gram(G), counts) == pytest.approx(snr(gram(twice), torch.ones(5, dtype=torch.float64)))
     # a group never pairs with its own copy: the pair mean leaves the duplicated self-product out
     g = gram(G).double()
-    expected = (sum(counts[i] * counts[j] * g[i, j] for i in range(4) for j in range(4) if i != j)
-                / (25 - float((counts ** 2).sum())))
+    expected = sum(counts[i] * counts[j] * g[i, j] for i in range(4) for j in range(4) if i != j) / (
+        25 - float((counts**2).sum())
+    )
     assert float(pair_mean(g, counts)) == pytest.approx(float(expected))
 
 
@@ -116,8 +116,9 @@ def test_method_configs_variants_and_their_credit_settings():
     from mrtpo.bench.signal import method_configs
 
     base = CreditConfig(lam=0.2, w_max=1.2)
-    methods = method_configs(["gdpo", "mrtpo", "paper=mrtpo", "rank=mrtpo"],
-                             ["paper:lam=1", "paper:w_max=null", "rank:weighting=rank"], base)
+    methods = method_configs(
+        ["gdpo", "mrtpo", "paper=mrtpo", "rank=mrtpo"], ["paper:lam=1", "paper:w_max=null", "rank:weighting=rank"], base
+    )
     assert list(methods) == ["gdpo", "mrtpo", "paper", "rank"]
     assert methods["paper"] == ("mrtpo", CreditConfig(lam=1.0, w_max=None))
     assert methods["rank"] == ("mrtpo", CreditConfig(lam=0.2, w_max=1.2, weighting="rank"))
@@ -170,9 +171,22 @@ def test_relevant_mask_maps_a_real_tasks_checked_spans_to_tokens():
 
 
 def _gym_args(tmp_path, *extra):
-    return ["--task", "gym-constraints", "--groups", "4", "--step-groups", "2", "--bootstrap", "20",
-            "--out", str(tmp_path / "signal.json"), "num_generations=4", "per_device_train_batch_size=8",
-            "max_completion_length=12", *extra]
+    return [
+        "--task",
+        "gym-constraints",
+        "--groups",
+        "4",
+        "--step-groups",
+        "2",
+        "--bootstrap",
+        "20",
+        "--out",
+        str(tmp_path / "signal.json"),
+        "num_generations=4",
+        "per_device_train_batch_size=8",
+        "max_completion_length=12",
+        *extra,
+    ]
 
 
 def test_group_gradient_is_the_on_policy_policy_gradient(tmp_path):
@@ -200,7 +214,7 @@ def test_group_gradient_is_the_on_policy_policy_gradient(tmp_path):
     got = group_gradient(trainer, params, prompt, comps, lengths, advantages, advantages.mean(1))
 
     ids = torch.cat([torch.tensor([prompt] * 4), comps], 1)
-    logits = model(input_ids=ids).logits[:, len(prompt) - 1:-1].float()
+    logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
     logp = torch.log_softmax(logits / trainer.temperature, -1).gather(-1, comps.unsqueeze(-1)).squeeze(-1)
     loss = -(advantages * logp * mask).sum() / mask.sum()
     expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
@@ -210,8 +224,21 @@ def test_group_gradient_is_the_on_policy_policy_gradient(tmp_path):
 def test_bench_signal_on_the_gym_writes_every_figure(tmp_path, capsys):
     from mrtpo.bench import main
 
-    assert main(["signal", *_gym_args(tmp_path, "--methods", "gdpo,mrtpo,twice=gdpo,shuffled=mrtpo-shuffled",
-                                      "--method-setting", "mrtpo:lam=1")]) == 0
+    assert (
+        main(
+            [
+                "signal",
+                *_gym_args(
+                    tmp_path,
+                    "--methods",
+                    "gdpo,mrtpo,twice=gdpo,shuffled=mrtpo-shuffled",
+                    "--method-setting",
+                    "mrtpo:lam=1",
+                ),
+            ]
+        )
+        == 0
+    )
     record = json.loads((tmp_path / "signal.json").read_text())
     rows = {r["method"]: r for r in record["rows"]}
     assert record["reference"] == "gdpo" and record["groups"] == 4 and rows["mrtpo"]["credit"]["lam"] == 1.0

@@ -30,9 +30,15 @@ def test_version_and_bench_usage():
 
 def test_top_level_imports_of_the_user_facing_api():
     done = subprocess.run(
-        [sys.executable, "-c", "from mrtpo import MRTPOConfig, MRTPOTrainer, evidence, Evidence, VerifierReward; "
-         "import mrtpo.credit as c; print(c.gdpo_advantages, c.js_distance, c.token_advantages)"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "from mrtpo import MRTPOConfig, MRTPOTrainer, evidence, Evidence, VerifierReward; "
+            "import mrtpo.credit as c; print(c.gdpo_advantages, c.js_distance, c.token_advantages)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     import mrtpo
@@ -113,9 +119,15 @@ def test_train_help_names_the_values_a_run_gets(monkeypatch, capsys):
     _, out = _help(["train"], monkeypatch, capsys)
     text = " ".join(out.split())
     run = RunSettings()
-    for flag, value in [("--task", run.task), ("--model", run.model), ("--lora-r", run.lora_r),
-                        *((f"--{k.replace('_', '-')}", TRAIN_DEFAULTS[k])
-                          for k in ("method", "max_steps", "seed", "learning_rate", "report_to"))]:
+    for flag, value in [
+        ("--task", run.task),
+        ("--model", run.model),
+        ("--lora-r", run.lora_r),
+        *(
+            (f"--{k.replace('_', '-')}", TRAIN_DEFAULTS[k])
+            for k in ("method", "max_steps", "seed", "learning_rate", "report_to")
+        ),
+    ]:
         entry = text.split(f" {flag} ", 1)[1].split(" --", 1)[0]
         assert f"(default: {value}" in entry, (flag, entry)
 
@@ -133,8 +145,12 @@ def test_out_alias_parses_like_output_dir():
     from mrtpo.bench import gpu
     from mrtpo.bench.learn import cli as learn_cli
 
-    for parse in (lambda a: evaluate._parser().parse_args(["--task", "sql", *a]), demo._parse,
-                  lambda a: learn_cli._parser().parse_args(["--task", "sql", *a]), gpu._parse):
+    for parse in (
+        lambda a: evaluate._parser().parse_args(["--task", "sql", *a]),
+        demo._parse,
+        lambda a: learn_cli._parser().parse_args(["--task", "sql", *a]),
+        gpu._parse,
+    ):
         assert str(parse(["--output-dir", "d1"]).out) == "d1" and str(parse(["--out", "d2"]).out) == "d2"
 
 

@@ -31,31 +31,42 @@ def test_lora_learning_rate_default_and_deprecated_alias():
     assert load_config([], {"gradient_checkpointing": True}).args.activation_checkpointing is True
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"max_steps": "many"}, "max_steps (from command line) must be an integer, got 'many'"),
-    ({"max_steps": 2.5}, "must be an integer"),
-    ({"lam": 3}, "lam must be in [0, 1]"),
-    ({"reward_lam": [0.5, 2]}, "every reward_lam entry must be in [0, 1], got [0.5, 2]"),
-    ({"method": "gspo"}, "unknown method 'gspo'"),
-    ({"task": "sqll"}, "unknown task 'sqll' (did you mean 'sql'?)"),
-    ({"dtype": "int8"}, "dtype must be float32, bfloat16 or float16"),
-    ({"use_cpu": "maybe"}, "use_cpu (from command line) must be true or false"),
-    ({"num_generations": 3}, "divisible by num_generations"),
-    ({"steps_per_generation": 2, "generation_batch_size": 8}, "not both"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"max_steps": "many"}, "max_steps (from command line) must be an integer, got 'many'"),
+        ({"max_steps": 2.5}, "must be an integer"),
+        ({"lam": 3}, "lam must be in [0, 1]"),
+        ({"reward_lam": [0.5, 2]}, "every reward_lam entry must be in [0, 1], got [0.5, 2]"),
+        ({"method": "gspo"}, "unknown method 'gspo'"),
+        ({"task": "sqll"}, "unknown task 'sqll' (did you mean 'sql'?)"),
+        ({"dtype": "int8"}, "dtype must be float32, bfloat16 or float16"),
+        ({"use_cpu": "maybe"}, "use_cpu (from command line) must be true or false"),
+        ({"num_generations": 3}, "divisible by num_generations"),
+        ({"steps_per_generation": 2, "generation_batch_size": 8}, "not both"),
+    ],
+)
 def test_bad_values_fail_with_clear_messages(override, message):
     with pytest.raises(ConfigError) as err:
         load_config([], override)
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"per_device_train_batch_size": 3}, "per_device_train_batch_size x gradient_accumulation_steps x processes "
-                                         "(3 x 1 x 2) must be divisible by num_generations (4)"),
-    ({"per_device_train_batch_size": 3, "gradient_accumulation_steps": 3}, "(3 x 3 x 2)"),
-    ({"per_device_train_batch_size": 1, "steps_per_generation": 3}, "per_device_train_batch_size x "
-                                                                    "steps_per_generation x processes (1 x 3 x 2)"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            {"per_device_train_batch_size": 3},
+            "per_device_train_batch_size x gradient_accumulation_steps x processes "
+            "(3 x 1 x 2) must be divisible by num_generations (4)",
+        ),
+        ({"per_device_train_batch_size": 3, "gradient_accumulation_steps": 3}, "(3 x 3 x 2)"),
+        (
+            {"per_device_train_batch_size": 1, "steps_per_generation": 3},
+            "per_device_train_batch_size x steps_per_generation x processes (1 x 3 x 2)",
+        ),
+    ],
+)
 def test_whole_prompt_groups_count_every_process(monkeypatch, override, message):
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it in each of 2 processes
     with pytest.raises(ConfigError) as err:
@@ -103,8 +114,16 @@ def test_resolved_config_round_trips_and_lists_every_field(tmp_path):
     from mrtpo.config import RunSettings
     from mrtpo.trainer import MRTPOConfig
 
-    config = load_config([], {"output_dir": str(tmp_path / "run"), "task": "toolcall", "temperature": 0.8,
-                              "task_args": {"sample_rows": 0}, "lora_r": 4})
+    config = load_config(
+        [],
+        {
+            "output_dir": str(tmp_path / "run"),
+            "task": "toolcall",
+            "temperature": 0.8,
+            "task_args": {"sample_rows": 0},
+            "lora_r": 4,
+        },
+    )
     path = write_config(config, tmp_path / "config.yaml")
     saved = yaml.safe_load(path.read_text())
     expected = {f.name for f in dataclasses.fields(RunSettings)} | {f.name for f in dataclasses.fields(MRTPOConfig)}
@@ -112,8 +131,13 @@ def test_resolved_config_round_trips_and_lists_every_field(tmp_path):
     # (mrtpo.saved_config, written as comments) are left out.
     from mrtpo.saved_config import machine_decided
 
-    assert expected - set(saved) == {"generation_batch_size", "gradient_checkpointing",
-                                     "gradient_checkpointing_kwargs", "hub_token", *machine_decided(config)}
+    assert expected - set(saved) == {
+        "generation_batch_size",
+        "gradient_checkpointing",
+        "gradient_checkpointing_kwargs",
+        "hub_token",
+        *machine_decided(config),
+    }
     assert saved["temperature"] == 0.8 and saved["task"] == "toolcall" and saved["learning_rate"] == 2e-5
     again = load_config([path])
     assert again.to_flat() == config.to_flat()
@@ -131,16 +155,19 @@ AVX2 = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # an AMD EPYC of this
 SAPPHIRE = AVX2 | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}  # an Intel Xeon with AMX
 
 
-@pytest.mark.parametrize("flags, lora, given, dtype, line", [
-    (AVX2, True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights (bf16 matmuls are slow here)"),
-    (SAPPHIRE, True, None, "bfloat16", "CPU with AVX512_BF16/AMX_BF16: bfloat16 base weights"),
-    (AVX2 | {"avx512_bf16"}, True, None, "bfloat16", "CPU with AVX512_BF16: bfloat16 base weights"),
-    (AVX2 | {"avx512f"}, True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights"),
-    (SAPPHIRE, False, None, "float32", "CPU with AVX512_BF16/AMX_BF16: float32 weights (full fine-tuning"),
-    (frozenset(), True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights"),
-    (AVX2, True, "bfloat16", "bfloat16", "bfloat16 weights as configured (bf16 matmuls are slow here; float32"),
-    (SAPPHIRE, True, "float32", "float32", "CPU with AVX512_BF16/AMX_BF16: float32 weights as configured"),
-])
+@pytest.mark.parametrize(
+    "flags, lora, given, dtype, line",
+    [
+        (AVX2, True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights (bf16 matmuls are slow here)"),
+        (SAPPHIRE, True, None, "bfloat16", "CPU with AVX512_BF16/AMX_BF16: bfloat16 base weights"),
+        (AVX2 | {"avx512_bf16"}, True, None, "bfloat16", "CPU with AVX512_BF16: bfloat16 base weights"),
+        (AVX2 | {"avx512f"}, True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights"),
+        (SAPPHIRE, False, None, "float32", "CPU with AVX512_BF16/AMX_BF16: float32 weights (full fine-tuning"),
+        (frozenset(), True, None, "float32", "CPU without AVX512-BF16/AMX: float32 weights"),
+        (AVX2, True, "bfloat16", "bfloat16", "bfloat16 weights as configured (bf16 matmuls are slow here; float32"),
+        (SAPPHIRE, True, "float32", "float32", "CPU with AVX512_BF16/AMX_BF16: float32 weights as configured"),
+    ],
+)
 def test_cpu_dtype_follows_the_cpus_bf16_features_and_the_user_wins(flags, lora, given, dtype, line):
     from mrtpo.machine import choose_cpu_dtype
 
@@ -152,8 +179,10 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path):
     from mrtpo.machine import cpu_flags
 
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 amx_bf16 avx512_bf16\n\n"
-                    "processor\t: 1\nflags\t\t: fpu\n")
+    info.write_text(
+        "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 amx_bf16 avx512_bf16\n\n"
+        "processor\t: 1\nflags\t\t: fpu\n"
+    )
     assert cpu_flags(info) == {"fpu", "avx2", "amx_bf16", "avx512_bf16"}
     assert cpu_flags(tmp_path / "missing") == frozenset()
 
@@ -165,8 +194,9 @@ def test_load_config_chooses_the_lora_base_dtype_on_a_cpu(monkeypatch, flags, dt
     monkeypatch.setattr(mrtpo.machine, "cpu_flags", lambda: flags)
     config = load_config([], {"lora_r": 8, "use_cpu": True})
     assert config.run.dtype == dtype and len(config.notes) == 1
-    assert config.notes[0].endswith("; activation checkpointing off; the update runs each distinct prompt once "
-                                    "(shared_prompt_update)")
+    assert config.notes[0].endswith(
+        "; activation checkpointing off; the update runs each distinct prompt once (shared_prompt_update)"
+    )
     checkpointed = load_config([], {"lora_r": 8, "use_cpu": True, "activation_checkpointing": True})
     assert "checkpointing on (as configured), so the update runs every row whole" in checkpointed.notes[0]
     unshared = load_config([], {"lora_r": 8, "use_cpu": True, "shared_prompt_update": False})

@@ -21,16 +21,19 @@ from mrtpo.trainer import MRTPOConfig, MRTPOTrainer
 LEADING_BLANK = re.compile(r"<\|im_start\|>\w+\n\s")
 
 
-@pytest.mark.parametrize("text, span, expected", [
-    ("A\nS\nB", "S", "A\nB"),
-    ("A\n\nS\nB", "S", "A\n\nB"),          # the first of a list after a blank line: the blank line stays
-    ("A\nS\n\nB", "S", "A\n\nB"),
-    ("A. S B", "S", "A. B"),
-    ("A\n\nS", "S", "A"),                   # at the end: the separator before it goes
-    ("S\n\nB", "S", "B"),                   # at the start: the separator after it goes
-    ("S", "S", ""),
-    ("A(S)B", "S", "A()B"),                 # no separator on either side: nothing else changes
-])
+@pytest.mark.parametrize(
+    "text, span, expected",
+    [
+        ("A\nS\nB", "S", "A\nB"),
+        ("A\n\nS\nB", "S", "A\n\nB"),  # the first of a list after a blank line: the blank line stays
+        ("A\nS\n\nB", "S", "A\n\nB"),
+        ("A. S B", "S", "A. B"),
+        ("A\n\nS", "S", "A"),  # at the end: the separator before it goes
+        ("S\n\nB", "S", "B"),  # at the start: the separator after it goes
+        ("S", "S", ""),
+        ("A(S)B", "S", "A()B"),  # no separator on either side: nothing else changes
+    ],
+)
 def test_cut_keeps_the_stronger_separator(text, span, expected):
     start = text.index(span)
     assert cut(text, start, start + len(span)) == expected
@@ -63,8 +66,16 @@ def trainer_for(task, examples, tmp_path):
     by_id = {ex.id: ex for ex in examples}
     rewards = [VerifierReward(v, by_id) for v in task.verifiers()]
     rows = Dataset.from_list([{"prompt": ex.messages, "example_id": ex.id} for ex in examples])
-    args = MRTPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, activation_checkpointing=False,
-                       report_to=[], per_device_train_batch_size=2, num_generations=2, max_steps=1)
+    args = MRTPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        report_to=[],
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_steps=1,
+    )
     return MRTPOTrainer(model=model, processing_class=tok, reward_funcs=rewards, args=args, train_dataset=rows)
 
 
@@ -83,8 +94,10 @@ def both_paths(task, examples, tok, tmp_path):
                 continue
             lib = counterfactual_prompt(ex, [ev], render, verifiers=[verifier.name])
             alone = [ev if k == i else None for k in range(len(verifiers))]
-            (ours,) = trainer._counterfactual_texts({"prompt": ex.messages, "example_id": ex.id},
-                                                    plan_group([0], alone, [True] * len(verifiers), "per_reward"))
+            (ours,) = trainer._counterfactual_texts(
+                {"prompt": ex.messages, "example_id": ex.id},
+                plan_group([0], alone, [True] * len(verifiers), "per_reward"),
+            )
             assert ours == lib
             out[ex.id, verifier.name] = original, lib
     return out
@@ -96,8 +109,11 @@ def test_toolcall_format_sentence(tok, tmp_path):
     task = get_task("toolcall")
     examples = task.load("train", limit=40)
     # BFCL items that bring their own system message: the format sentence is then not last.
-    examples += [ex for ex in task.load("eval") if ex.messages[0]["content"].count("\n\n") >
-                 examples[0].messages[0]["content"].count("\n\n")][:5]
+    examples += [
+        ex
+        for ex in task.load("eval")
+        if ex.messages[0]["content"].count("\n\n") > examples[0].messages[0]["content"].count("\n\n")
+    ][:5]
     render = prompt_renderer(task, tok)
     ends, inside = 0, 0
     for (ex_id, name), (original, cf) in both_paths(task, examples, tok, tmp_path).items():
@@ -149,11 +165,18 @@ def test_instructions_counterfactual_is_the_prompt_built_without_the_constraint(
         for k, sentence in enumerate(sentences):
             original, cf = pairs[ex.id, f"constraint_{k + 1}"]
             check_seams(original, cf)
-            rest = sentences[:k] + sentences[k + 1:]
+            rest = sentences[:k] + sentences[k + 1 :]
             built = [{"role": "user", "content": build_prompt(ex.meta["base_task"], rest)}]
             assert cf == render(type(ex)(**{**ex.__dict__, "messages": built}))
-            positions.add("only" if len(sentences) == 1 else "first" if k == 0 else
-                          "last" if k == len(sentences) - 1 else "middle")
+            positions.add(
+                "only"
+                if len(sentences) == 1
+                else "first"
+                if k == 0
+                else "last"
+                if k == len(sentences) - 1
+                else "middle"
+            )
     assert positions == {"only", "first", "middle", "last"}
 
 
@@ -163,16 +186,24 @@ def test_joint_counterfactual_and_string_prompts(tok):
     from mrtpo.verifiers import Evidence
 
     render = lambda msgs: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)  # noqa: E731
-    msgs = [{"role": "system", "content": "Be kind.\n\nRule one."},
-            {"role": "user", "content": "Task.\n\nRule two.\nRule three."}]
-    cf = counterfactual_text(msgs, [Evidence("Rule one.", "in_prompt"), Evidence("Rule three.", "in_prompt")],
-                             render)
+    msgs = [
+        {"role": "system", "content": "Be kind.\n\nRule one."},
+        {"role": "user", "content": "Task.\n\nRule two.\nRule three."},
+    ]
+    cf = counterfactual_text(msgs, [Evidence("Rule one.", "in_prompt"), Evidence("Rule three.", "in_prompt")], render)
     assert cf == render([{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Task.\n\nRule two."}])
     across = "Rule one.<|im_end|>\n<|im_start|>user\nTask."
     cf = counterfactual_text(msgs, [Evidence(across, "in_prompt")], render)
     assert cf == render(msgs).replace("\n\n" + across + "\n\n", "\n\n")
-    assert counterfactual_text("Q? Answer briefly.", [Evidence("Answer briefly.", "in_prompt"),
-                                                      Evidence("42", "privileged")], render, "REF:") == "Q?\n\nREF:\n42"
+    assert (
+        counterfactual_text(
+            "Q? Answer briefly.",
+            [Evidence("Answer briefly.", "in_prompt"), Evidence("42", "privileged")],
+            render,
+            "REF:",
+        )
+        == "Q?\n\nREF:\n42"
+    )
 
 
 def test_rewards_sharing_one_evidence_remove_it_once_in_the_joint_counterfactual():

@@ -120,8 +120,9 @@ def test_batch_stats_override_matches_global_batch():
     from mrtpo.credit import batch_statistics, group_normalize, weighted_reward_sum
 
     stats = batch_statistics(weighted_reward_sum(group_normalize(rewards, 2)))
-    halves = torch.cat([gdpo_advantages(rewards[:4], 2, batch_stats=stats),
-                        gdpo_advantages(rewards[4:], 2, batch_stats=stats)])
+    halves = torch.cat(
+        [gdpo_advantages(rewards[:4], 2, batch_stats=stats), gdpo_advantages(rewards[4:], 2, batch_stats=stats)]
+    )
     torch.testing.assert_close(halves, full)
 
 

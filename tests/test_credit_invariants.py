@@ -23,12 +23,20 @@ from mrtpo.credit import (
 
 N_PROMPTS, GROUP, K, T = 3, 4, 3, 7
 #: Shape of each optional map field of CreditBatch: a new field needs its shape here (the test says so).
-MAP_SHAPES = {"relevance": (K, T), "decoy_relevance": (K, T), "joint_relevance": (T,), "entropy": (T,),
-              "known_positions": (K, T)}
+MAP_SHAPES = {
+    "relevance": (K, T),
+    "decoy_relevance": (K, T),
+    "joint_relevance": (T,),
+    "entropy": (T,),
+    "known_positions": (K, T),
+}
 #: Fields that are 0/1 masks rather than maps (random: each position known with probability 1/3; flat: all known).
 MASKS = ("known_positions",)
-CONFIGS = {"paper": CreditConfig(lam=1.0), "bounded": CreditConfig(lam=0.2, w_max=1.2),
-           "weighted": CreditConfig(lam=0.7, w_max=2.0, reward_weights=[1.0, 0.5, 2.0])}
+CONFIGS = {
+    "paper": CreditConfig(lam=1.0),
+    "bounded": CreditConfig(lam=0.2, w_max=1.2),
+    "weighted": CreditConfig(lam=0.7, w_max=2.0, reward_weights=[1.0, 0.5, 2.0]),
+}
 
 
 def full_batch(seed: int = 0, flat: bool = False) -> CreditBatch:
@@ -79,11 +87,18 @@ def check_advantages(name: str, config: CreditConfig) -> None:
     batch = full_batch(seed=2)
     advantages = method(batch, config)
     assert torch.all(advantages[batch.mask == 0] == 0)
-    torch.testing.assert_close(masked_mean(advantages, batch.mask), sequence_advantages(method, batch, config),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        masked_mean(advantages, batch.mask), sequence_advantages(method, batch, config), atol=1e-5, rtol=1e-5
+    )
     if method.sequence == "gdpo":  # GDPO's per-reward advantages, each on its own weights
-        expected = token_advantages(batch.rewards, GROUP, method.weights(batch, config), batch.mask,
-                                    reward_weights=config.reward_weights, batch_norm=config.batch_norm)
+        expected = token_advantages(
+            batch.rewards,
+            GROUP,
+            method.weights(batch, config),
+            batch.mask,
+            reward_weights=config.reward_weights,
+            batch_norm=config.batch_norm,
+        )
         torch.testing.assert_close(advantages, expected, atol=1e-6, rtol=1e-6)
 
 
@@ -119,12 +134,17 @@ def test_a_newly_registered_method_is_checked_and_a_broken_one_caught():
 
     mrtpo = get_method("mrtpo")
     register_method("test-double-credit", "per_reward", "creates credit", transform=lambda w, b: 2 * w)(
-        lambda batch, config: token_advantages(batch.rewards, batch.group_size,
-                                               2 * mrtpo.weights(batch, config), batch.mask))
+        lambda batch, config: token_advantages(
+            batch.rewards, batch.group_size, 2 * mrtpo.weights(batch, config), batch.mask
+        )
+    )
     register_method("test-first-token", "none", "all credit on the first token")(
-        lambda batch, config: gdpo_advantages(batch.rewards, batch.group_size).unsqueeze(1)
-        * torch.nn.functional.one_hot(torch.zeros(batch.mask.shape[0], dtype=torch.long), batch.mask.shape[1])
-        * batch.mask.sum(1, keepdim=True))
+        lambda batch, config: (
+            gdpo_advantages(batch.rewards, batch.group_size).unsqueeze(1)
+            * torch.nn.functional.one_hot(torch.zeros(batch.mask.shape[0], dtype=torch.long), batch.mask.shape[1])
+            * batch.mask.sum(1, keepdim=True)
+        )
+    )
     try:
         assert "test-double-credit" in available_methods()
         with pytest.raises(AssertionError):

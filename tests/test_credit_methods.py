@@ -79,8 +79,9 @@ def test_reward_lam_gives_each_reward_its_own_interpolation():
     # One completion of 4 tokens (3 valid), relevance 1, 2, 3 for both rewards (mean 2).
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     relevance = torch.tensor([[1.0, 2.0, 3.0, 9.0]]).unsqueeze(1).expand(1, 2, 4).clone()
-    batch = CreditBatch(rewards=torch.zeros(1, 2), group_size=1, mask=mask, relevance=relevance,
-                        has_evidence=[True, True])
+    batch = CreditBatch(
+        rewards=torch.zeros(1, 2), group_size=1, mask=mask, relevance=relevance, has_evidence=[True, True]
+    )
     weights = credit_weights(batch, CreditConfig(reward_lam=[0.0, 0.5]), "per_reward")
     # reward 0, lam 0: uniform; reward 1, lam 0.5: 0.5 + 0.5 * r / 2 = 0.75, 1.0, 1.25 (mean 1); padding 0
     torch.testing.assert_close(weights[0, 0], torch.tensor([1.0, 1.0, 1.0, 0.0]))
@@ -128,14 +129,19 @@ def test_reward_order_does_not_change_mrtpo():
     batch = make_batch(seed=6)
     perm = [2, 0, 1]
     permuted = CreditBatch(
-        batch.rewards[:, perm], batch.group_size, batch.mask, relevance=batch.relevance[:, perm],
+        batch.rewards[:, perm],
+        batch.group_size,
+        batch.mask,
+        relevance=batch.relevance[:, perm],
         has_evidence=[batch.has_evidence[i] for i in perm],
     )
     config = CreditConfig(reward_weights=[1.0, 2.0, 0.5])
     permuted_config = CreditConfig(reward_weights=[0.5, 1.0, 2.0])
     torch.testing.assert_close(
-        compute_advantages("mrtpo", permuted, permuted_config), compute_advantages("mrtpo", batch, config),
-        atol=1e-6, rtol=1e-6,
+        compute_advantages("mrtpo", permuted, permuted_config),
+        compute_advantages("mrtpo", batch, config),
+        atol=1e-6,
+        rtol=1e-6,
     )
 
 
@@ -143,8 +149,12 @@ def test_group_order_does_not_change_results():
     batch = make_batch(seed=7)
     order = torch.tensor([8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6, 7])  # groups 3, 1, 2
     shuffled = CreditBatch(
-        batch.rewards[order], 4, batch.mask[order], relevance=batch.relevance[order],
-        joint_relevance=batch.joint_relevance[order], entropy=batch.entropy[order],
+        batch.rewards[order],
+        4,
+        batch.mask[order],
+        relevance=batch.relevance[order],
+        joint_relevance=batch.joint_relevance[order],
+        entropy=batch.entropy[order],
     )
     for method in ("grpo", "gdpo", "mrtpo", "contrast", "entropy"):
         torch.testing.assert_close(
@@ -171,10 +181,20 @@ def test_two_processes_with_global_rewards_match_one(method):
     whole = compute_advantages(method, batch)
     parts = []
     for rows in (slice(0, 3), slice(3, 8)):  # an uneven split that cuts a group in half
-        parts.append(compute_advantages(method, CreditBatch(
-            batch.rewards, 2, batch.mask[rows], relevance=batch.relevance[rows],
-            joint_relevance=batch.joint_relevance[rows], entropy=batch.entropy[rows], rows=rows,
-        )))
+        parts.append(
+            compute_advantages(
+                method,
+                CreditBatch(
+                    batch.rewards,
+                    2,
+                    batch.mask[rows],
+                    relevance=batch.relevance[rows],
+                    joint_relevance=batch.joint_relevance[rows],
+                    entropy=batch.entropy[rows],
+                    rows=rows,
+                ),
+            )
+        )
     torch.testing.assert_close(torch.cat(parts), whole)
 
 
@@ -204,7 +224,7 @@ def test_shuffled_control_permutes_mrtpo_weights_within_each_response():
         for i in range(mrtpo.shape[1]):
             a, b = mrtpo[j, i, :n], shuffled[j, i, :n]
             torch.testing.assert_close(b.sort().values, a.sort().values)  # the same values ...
-            moved += int(not torch.equal(a, b))                             # ... on other tokens
+            moved += int(not torch.equal(a, b))  # ... on other tokens
         assert torch.all(shuffled[j, :, n:] == 0)
     assert moved > mrtpo.shape[0]  # most rows of several tokens change order
     assert torch.equal(shuffled, get_method("mrtpo-shuffled").weights(batch, config))  # seeded by the batch
@@ -228,8 +248,9 @@ def test_controls_move_credit_like_mrtpo_without_creating_it(control):
     method = get_method(control)
     assert method.needs == "per_reward"
     adv = method(batch, config)
-    torch.testing.assert_close(masked_mean(adv, batch.mask), gdpo_advantages(batch.rewards, batch.group_size),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        masked_mean(adv, batch.mask), gdpo_advantages(batch.rewards, batch.group_size), atol=1e-5, rtol=1e-5
+    )
     expected = token_advantages(batch.rewards, batch.group_size, method.weights(batch, config), batch.mask)
     torch.testing.assert_close(adv, expected)
     assert not torch.allclose(adv, compute_advantages("mrtpo", batch, config))
@@ -244,8 +265,8 @@ def test_gdpo_cancels_on_a_constant_sum_group_and_mrtpo_does_not():
     t = 6
     mask = torch.ones(8, t)
     relevance = torch.zeros(8, 2, t)
-    relevance[:, 0, :3] = 1.0   # reward 1 reads the first half of each response
-    relevance[:, 1, 3:] = 1.0   # reward 2 the second half
+    relevance[:, 0, :3] = 1.0  # reward 1 reads the first half of each response
+    relevance[:, 1, 3:] = 1.0  # reward 2 the second half
     batch = CreditBatch(rewards=rewards, group_size=4, mask=mask, relevance=relevance, has_evidence=[True, True])
     gdpo = compute_advantages("gdpo", batch)
     assert torch.count_nonzero(gdpo) == 0
@@ -265,4 +286,3 @@ def test_explain_writes_out_trainings_default_weight_shape():
     assert WEIGHT_SHAPE == {"lam": DEFAULT_LAM, "w_max": DEFAULT_W_MAX}
     defaults = {f.name: f.default for f in MRTPOConfig.__dataclass_fields__.values()}
     assert (defaults["lam"], defaults["w_max"]) == (DEFAULT_LAM, DEFAULT_W_MAX) == (0.2, 1.2)
-

@@ -54,8 +54,9 @@ def test_weights_average_one_and_respect_cap(p, lam, w_max):
     batch, _ = random_batch(p)
     w = relevance_weights(batch.relevance[:, 0], batch.mask, lam=lam, w_max=w_max)
     rows = batch.mask.sum(1) > 0
-    torch.testing.assert_close((w * batch.mask).sum(1)[rows] / batch.mask.sum(1)[rows], torch.ones(int(rows.sum())),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        (w * batch.mask).sum(1)[rows] / batch.mask.sum(1)[rows], torch.ones(int(rows.sum())), atol=1e-5, rtol=0
+    )
     assert (w >= 0).all()
     if w_max is not None:
         assert (w <= w_max + 1e-5).all()
@@ -74,8 +75,12 @@ def test_reward_permutation_invariance(p):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.integers(1, 3), st.integers(1, 12), st.integers(2, 70), st.integers(1, 40),
-    st.integers(0, 2**31 - 1), st.floats(0.1, 30.0),
+    st.integers(1, 3),
+    st.integers(1, 12),
+    st.integers(2, 70),
+    st.integers(1, 40),
+    st.integers(0, 2**31 - 1),
+    st.floats(0.1, 30.0),
 )
 def test_js_bounds_symmetry_and_chunk_invariance(b, t, v, chunk, seed, scale):
     gen = torch.Generator().manual_seed(seed)

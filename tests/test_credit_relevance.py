@@ -188,7 +188,11 @@ def test_paired_relevance_equals_relevance_of_the_gathered_rows(kind, top_k, chu
     expected = relevance(kind, logits[with_rows], logits[without_rows], ids, mask, chunk_size, 0.7, top_k)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
     assert got[~mask].abs().sum() == 0 and got[3].abs().sum() == 0 and got[mask].abs().sum() > 0
-    torch.testing.assert_close(paired_entropy(logits, with_rows, mask, chunk_size, 0.7),
-                               entropy(logits[with_rows], mask, chunk_size, 0.7), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        paired_entropy(logits, with_rows, mask, chunk_size, 0.7),
+        entropy(logits[with_rows], mask, chunk_size, 0.7),
+        atol=1e-6,
+        rtol=1e-5,
+    )
     with pytest.raises(ValueError, match="rows"):
         paired_relevance(kind, logits, with_rows[:2], without_rows, ids, mask)

@@ -25,8 +25,9 @@ from mrtpo.credit import (
 NAN = float("nan")
 
 
-def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, aggregation: str,
-                   weights=None) -> torch.Tensor:
+def trl_advantages(
+    rewards_per_func: torch.Tensor, num_generations: int, aggregation: str, weights=None
+) -> torch.Tensor:
     """TRL 1.16's advantages ``(N,)`` (``scale_rewards="group"``), line for line."""
     k = rewards_per_func.shape[1]
     reward_weights = torch.ones(k) if weights is None else torch.tensor(weights)
@@ -104,12 +105,16 @@ def test_every_method_gives_unscorable_rows_zero_and_keeps_gdpo_on_scorable_ones
     gen = torch.Generator().manual_seed(100 + seed)
     lengths = torch.randint(1, t + 1, (n,), generator=gen)
     mask = (torch.arange(t) < lengths.unsqueeze(1)).float()
-    batch = CreditBatch(rewards=rewards, group_size=4, mask=mask,
-                        relevance=torch.rand(n, k, t, generator=gen) * mask.unsqueeze(1),
-                        joint_relevance=torch.rand(n, t, generator=gen) * mask,
-                        decoy_relevance=torch.rand(n, k, t, generator=gen) * mask.unsqueeze(1),
-                        entropy=torch.rand(n, t, generator=gen) * mask,
-                        known_positions=(torch.rand(n, k, t, generator=gen) < 0.3).float() * mask.unsqueeze(1))
+    batch = CreditBatch(
+        rewards=rewards,
+        group_size=4,
+        mask=mask,
+        relevance=torch.rand(n, k, t, generator=gen) * mask.unsqueeze(1),
+        joint_relevance=torch.rand(n, t, generator=gen) * mask,
+        decoy_relevance=torch.rand(n, k, t, generator=gen) * mask.unsqueeze(1),
+        entropy=torch.rand(n, t, generator=gen) * mask,
+        known_positions=(torch.rand(n, k, t, generator=gen) < 0.3).float() * mask.unsqueeze(1),
+    )
     unscorable = ~scorable_rows(rewards)
     gdpo = gdpo_advantages(rewards, 4)
     for name in available_methods():

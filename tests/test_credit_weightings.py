@@ -27,15 +27,14 @@ def test_rank_profile_by_hand():
 def test_rank_profile_mean_square_tends_to_closed_form():
     for p in (1.0, 2.0):
         f = rank_profile(4000, p)
-        assert float((f ** 2).mean()) == pytest.approx((p + 1) ** 2 / (2 * p + 1), rel=1e-3)
+        assert float((f**2).mean()) == pytest.approx((p + 1) ** 2 / (2 * p + 1), rel=1e-3)
 
 
 def test_rank_weights_by_hand():
     d = torch.tensor([[0.3, 0.1, 0.9, 0.5]])  # ranks 1, 0, 3, 2
     torch.testing.assert_close(rank_weights(d, torch.ones(1, 4)), torch.tensor([[0.75, 0.25, 1.75, 1.25]]))
     # λ = 0.5: 0.5 + 0.5 f
-    torch.testing.assert_close(rank_weights(d, torch.ones(1, 4), lam=0.5),
-                               torch.tensor([[0.875, 0.625, 1.375, 1.125]]))
+    torch.testing.assert_close(rank_weights(d, torch.ones(1, 4), lam=0.5), torch.tensor([[0.875, 0.625, 1.375, 1.125]]))
 
 
 def test_rank_weights_ties_share_their_block_and_keep_mean_one():
@@ -52,7 +51,7 @@ def test_rank_weights_mean_square_is_fixed_whatever_the_tail():
     w_mild, w_heavy = rank_weights(mild, mask), rank_weights(heavy, mask)
     torch.testing.assert_close(w_mild, w_heavy)
     expected = float((rank_profile(6) ** 2).mean())
-    assert float((w_heavy ** 2).mean()) == pytest.approx(expected, rel=1e-6)
+    assert float((w_heavy**2).mean()) == pytest.approx(expected, rel=1e-6)
     assert float((relevance_weights(heavy, mask) ** 2).mean()) > 4 * float((relevance_weights(mild, mask) ** 2).mean())
 
 
@@ -102,8 +101,9 @@ def _batch(relevance, mask, rewards):
 
 
 def test_config_chooses_the_shape_for_every_reward():
-    d = torch.tensor([[[0.3, 0.1, 0.9, 0.5], [1.0, 1.0, 1.0, 5.0]],
-                      [[0.0, 1.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]]])  # (N=2, K=2, T=4)
+    d = torch.tensor(
+        [[[0.3, 0.1, 0.9, 0.5], [1.0, 1.0, 1.0, 5.0]], [[0.0, 1.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]]]
+    )  # (N=2, K=2, T=4)
     mask = torch.ones(2, 4)
     batch = _batch(d, mask, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
     rank = credit_weights(batch, CreditConfig(weighting="rank"), "per_reward")
@@ -120,8 +120,9 @@ def test_config_chooses_the_shape_for_every_reward():
 def test_batch_mean_leaves_out_rows_without_a_map():
     """Rows whose map was not computed (has_evidence False) neither take part in the batch mean nor change."""
     d = torch.tensor([[[2.0, 0.0]], [[0.0, 0.0]]])
-    batch = CreditBatch(torch.tensor([[1.0], [0.0]]), 2, torch.ones(2, 2), relevance=d,
-                        has_evidence=torch.tensor([[True], [False]]))
+    batch = CreditBatch(
+        torch.tensor([[1.0], [0.0]]), 2, torch.ones(2, 2), relevance=d, has_evidence=torch.tensor([[True], [False]])
+    )
     w = credit_weights(batch, CreditConfig(weight_mean="batch"), "per_reward")
     torch.testing.assert_close(w[:, 0], torch.tensor([[2.0, 0.0], [1.0, 1.0]]))
 
@@ -158,8 +159,14 @@ def test_config_rejects_unknown_and_contradictory_shapes():
 def test_trainer_config_checks_the_weight_shape(tmp_path):
     from mrtpo.trainer import MRTPOConfig
 
-    base = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-                num_generations=2)
+    base = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=4,
+        num_generations=2,
+    )
     config = MRTPOConfig(**base, weighting="rank", rank_power=2.0)
     assert (config.weighting, config.rank_power, config.weight_mean) == ("rank", 2.0, "response")
     with pytest.raises(ValueError, match="does not apply"):

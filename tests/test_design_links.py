@@ -13,8 +13,12 @@ def _anchors() -> set[str]:
 
 
 def test_no_source_file_cites_the_spec_outside_the_repo():
-    cited = [f"{p.relative_to(ROOT)}:{i}" for p in SOURCES
-             for i, line in enumerate(p.read_text().splitlines(), 1) if "SPEC §" in line]
+    cited = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in SOURCES
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "SPEC §" in line
+    ]
     assert cited == []
 
 

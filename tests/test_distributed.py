@@ -62,10 +62,17 @@ def torchrun(*args: str, nproc: int = 2, timeout: float = TIMEOUT_S) -> subproce
     """``torchrun --standalone`` (free port chosen by torchrun) of ``args``, in its own process group
     so a timeout kills every rank, not only the launcher."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -151,8 +158,9 @@ def _check_rows_match(global_adv: torch.Tensor, ranks: list[dict], atol: float, 
         local = torch.tensor(step["advantages"])
         start, stop = step["rows"]
         t = local.shape[1]
-        torch.testing.assert_close(local, global_adv[start:stop, :t], atol=atol, rtol=0,
-                                   msg=lambda m, rank=r["rank"]: f"rank {rank}: {m}")
+        torch.testing.assert_close(
+            local, global_adv[start:stop, :t], atol=atol, rtol=0, msg=lambda m, rank=r["rank"]: f"rank {rank}: {m}"
+        )
         assert torch.all(global_adv[start:stop, t:] == 0)  # beyond this rank's padding: masked
 
 
@@ -167,7 +175,7 @@ def test_two_real_processes_share_one_global_batch(run):
     assert s0["rows"] == [0, 6] and s1["rows"] == [6, 12]
     assert s0["rewards"] == s1["rewards"] and len(s0["rewards"]) == 12  # gathered: the global batch on both
     ids = [row["example_id"] for row in s0["inputs"] + s1["inputs"]]
-    groups = [ids[i:i + 4] for i in range(0, 12, 4)]
+    groups = [ids[i : i + 4] for i in range(0, 12, 4)]
     assert all(len(set(g)) == 1 for g in groups), groups  # rows ordered group by group across ranks
     assert ids[4:6] == ids[6:8]  # the middle group straddles the ranks
 
@@ -182,8 +190,12 @@ def test_gathered_rewards_are_the_ranks_own_completions(run):
             text = tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=True)
             completions.append([{"role": "assistant", "content": text}])
         columns = {key: [row[key] for row in step["inputs"]] for key in ("keyword", "gold", "kind", "example_id")}
-        expected = torch.tensor([[math.nan if v is None else v for v in f(completions=completions, **columns)]
-                                 for f in worker.build_rewards()]).T
+        expected = torch.tensor(
+            [
+                [math.nan if v is None else v for v in f(completions=completions, **columns)]
+                for f in worker.build_rewards()
+            ]
+        ).T
         start, stop = step["rows"]
         torch.testing.assert_close(_rewards(step)[start:stop], expected, equal_nan=True)
 
@@ -197,8 +209,13 @@ def test_local_advantages_equal_rows_of_the_one_process_computation(run):
     g = _global(ranks)
     step0 = ranks[0]["steps"][0]
     rewards = _rewards(step0)
-    batch = CreditBatch(rewards=rewards, group_size=step0["group_size"], mask=g["credit_mask"],
-                        relevance=g["relevance"], has_evidence=g["has_evidence"])
+    batch = CreditBatch(
+        rewards=rewards,
+        group_size=step0["group_size"],
+        mask=g["credit_mask"],
+        relevance=g["relevance"],
+        has_evidence=g["has_evidence"],
+    )
     global_adv = get_method("mrtpo")(batch, _credit_config(step0))
     _check_rows_match(global_adv, ranks, atol=1e-6)
     # Independent invariant: the token mean of each row is the GDPO advantage of the global batch.
@@ -220,9 +237,13 @@ def test_relevance_matches_a_one_process_replay_of_the_global_batch(tmp_path, ru
     ranks = run["ranks"]
     g = _global(ranks)
     model, tok = tiny_policy(seed=0)
-    trainer = MRTPOTrainer(model=model, processing_class=tok, reward_funcs=worker.build_rewards(),
-                           args=worker.build_config(str(tmp_path), "mrtpo", 1, per_device_train_batch_size=12),
-                           train_dataset=worker.build_dataset())
+    trainer = MRTPOTrainer(
+        model=model,
+        processing_class=tok,
+        reward_funcs=worker.build_rewards(),
+        args=worker.build_config(str(tmp_path), "mrtpo", 1, per_device_train_batch_size=12),
+        train_dataset=worker.build_dataset(),
+    )
     assert trainer.accelerator.num_processes == 1
     model.train()  # the trainer replays in training mode
     step0 = ranks[0]["steps"][0]
@@ -231,8 +252,13 @@ def test_relevance_matches_a_one_process_replay_of_the_global_batch(tmp_path, ru
     maps = trainer._replay(g["inputs"], {k: g[k] for k in keys}, coefficients)
     torch.testing.assert_close(maps["relevance"], g["relevance"], atol=1e-5, rtol=1e-4)
     assert torch.equal(maps["has_evidence"], g["has_evidence"])
-    batch = CreditBatch(rewards=_rewards(step0), group_size=step0["group_size"], mask=g["credit_mask"],
-                        relevance=maps["relevance"], has_evidence=maps["has_evidence"])
+    batch = CreditBatch(
+        rewards=_rewards(step0),
+        group_size=step0["group_size"],
+        mask=g["credit_mask"],
+        relevance=maps["relevance"],
+        has_evidence=maps["has_evidence"],
+    )
     _check_rows_match(get_method("mrtpo")(batch, _credit_config(step0)), ranks, atol=1e-4)
 
 
@@ -293,8 +319,13 @@ def test_logged_credit_metrics_cover_the_global_batch(run):
     ranks = run["ranks"]
     g = _global(ranks)
     step0 = ranks[0]["steps"][0]
-    batch = CreditBatch(rewards=_rewards(step0), group_size=step0["group_size"], mask=g["credit_mask"],
-                        relevance=g["relevance"], has_evidence=g["has_evidence"])
+    batch = CreditBatch(
+        rewards=_rewards(step0),
+        group_size=step0["group_size"],
+        mask=g["credit_mask"],
+        relevance=g["relevance"],
+        has_evidence=g["has_evidence"],
+    )
     weights = get_method("mrtpo").weights(batch, _credit_config(step0))
     lines = [json.loads(x) for x in (run["out"] / "run" / "metrics.jsonl").read_text().splitlines()]
     logged = next(x for x in lines if x.get("step") == 1 and "credit/keyword_rule/top10_share" in x)
@@ -313,8 +344,9 @@ def test_evidence_error_on_one_rank_stops_the_whole_run(tmp_path):
     proc = launch(tmp_path, "--missing-evidence-in", "p2", "--max-steps", "1", timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, _tails(proc.stdout, proc.stderr)
-    assert "EvidenceNotFoundError" in output and "'keyword_rule' for example 'p2'" in output, _tails(proc.stdout,
-                                                                                                    proc.stderr)
+    assert "EvidenceNotFoundError" in output and "'keyword_rule' for example 'p2'" in output, _tails(
+        proc.stdout, proc.stderr
+    )
 
 
 class _TwoProcesses:
@@ -344,9 +376,12 @@ def _micro_batch(zero: list[bool]) -> dict:
     from mrtpo.trainer import ZERO_ADVANTAGE_KEY
 
     b = len(zero)
-    return {"completion_ids": torch.arange(b).view(b, 1),
-            "advantages": torch.tensor([[0.0 if z else 1.0] for z in zero]),
-            ZERO_ADVANTAGE_KEY: torch.tensor(zero), "num_items_in_batch": torch.tensor(7)}
+    return {
+        "completion_ids": torch.arange(b).view(b, 1),
+        "advantages": torch.tensor([[0.0 if z else 1.0] for z in zero]),
+        ZERO_ADVANTAGE_KEY: torch.tensor(zero),
+        "num_items_in_batch": torch.tensor(7),
+    }
 
 
 def test_update_rows_are_padded_to_the_other_process_and_untouched_alone():
@@ -368,8 +403,9 @@ def test_update_rows_are_padded_to_the_other_process_and_untouched_alone():
     batch = _micro_batch([False] * 4)
     assert rows_that_move(batch, torch.zeros(4, dtype=torch.bool), _OneProcess()) == (batch, 0)
     # A key that is not a per-row tensor: nothing can be cut, so every process runs all its rows.
-    kept, left_out = rows_that_move({**_micro_batch(zero), "pixel_values": torch.ones(1)}, torch.tensor(zero),
-                                    _TwoProcesses([1, 6]))
+    kept, left_out = rows_that_move(
+        {**_micro_batch(zero), "pixel_values": torch.ones(1)}, torch.tensor(zero), _TwoProcesses([1, 6])
+    )
     assert kept["completion_ids"].flatten().tolist() == list(range(6)) and left_out == 0
 
 
@@ -421,8 +457,13 @@ def test_gym_advantages_equal_one_process_credit_at_every_step(gym_run):
     for step in range(GYM_STEPS):
         g = _global(ranks, step, pad_id=0)
         record = ranks[0]["steps"][step]
-        batch = CreditBatch(rewards=_rewards(record), group_size=record["group_size"], mask=g["credit_mask"],
-                            relevance=g["relevance"], has_evidence=g["has_evidence"])
+        batch = CreditBatch(
+            rewards=_rewards(record),
+            group_size=record["group_size"],
+            mask=g["credit_mask"],
+            relevance=g["relevance"],
+            has_evidence=g["has_evidence"],
+        )
         _check_rows_match(get_method("mrtpo")(batch, _credit_config(record)), ranks, atol=1e-5, step_index=step)
 
 
@@ -471,8 +512,9 @@ def test_gym_update_gradient_equals_one_process_on_the_global_batch(tmp_path, gy
         norm = torch.cat([u0[name][1].flatten() for name in params]).norm()
         assert norm > 1e-3, f"step {step}: no gradient to compare"
         for name, p in params.items():
-            torch.testing.assert_close(p.grad, u0[name][1], atol=1e-6, rtol=1e-4,
-                                       msg=lambda m, s=step, n=name: f"step {s}, {n}: {m}")
+            torch.testing.assert_close(
+                p.grad, u0[name][1], atol=1e-6, rtol=1e-4, msg=lambda m, s=step, n=name: f"step {s}, {n}: {m}"
+            )
     for name in r0["params"]:
         assert torch.equal(r0["params"][name], r1["params"][name]), f"parameter {name} differs between ranks"
 
@@ -482,9 +524,25 @@ def test_two_process_gym_run_with_defaults_finishes_150_steps(tmp_path):
     """Issue 31's "done when": ``mrtpo train`` of the gym policy on two processes, the row skip on,
     runs its 150 steps (before the row counts were agreed, it aborted at step 3-7 in TRL's gather)."""
     out = tmp_path / "p2"
-    proc = torchrun("-m", "mrtpo.cli", "train", "--task", "gym-constraints", "--model", "gym", "--output-dir", str(out),
-                    "--max-steps", "150", "num_generations=8", "per_device_train_batch_size=16",
-                    "max_completion_length=40", "learning_rate=3e-4", "report=false", timeout=900)
+    proc = torchrun(
+        "-m",
+        "mrtpo.cli",
+        "train",
+        "--task",
+        "gym-constraints",
+        "--model",
+        "gym",
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "150",
+        "num_generations=8",
+        "per_device_train_batch_size=16",
+        "max_completion_length=40",
+        "learning_rate=3e-4",
+        "report=false",
+        timeout=900,
+    )
     assert proc.returncode == 0, _tails(proc.stdout, proc.stderr)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [x["step"] for x in lines if "skip/update_completions_skipped" in x]
@@ -492,8 +550,13 @@ def test_two_process_gym_run_with_defaults_finishes_150_steps(tmp_path):
     assert (out / "checkpoint-150").is_dir()
 
 
-CONFIGS = {"multi_gpu.yaml": ("MULTI_GPU", 1), "zero2.yaml": ("DEEPSPEED", 1), "zero3.yaml": ("DEEPSPEED", 1),
-           "fsdp2.yaml": ("FSDP", 1), "multi_node_zero3.yaml": ("DEEPSPEED", 2)}
+CONFIGS = {
+    "multi_gpu.yaml": ("MULTI_GPU", 1),
+    "zero2.yaml": ("DEEPSPEED", 1),
+    "zero3.yaml": ("DEEPSPEED", 1),
+    "fsdp2.yaml": ("FSDP", 1),
+    "multi_node_zero3.yaml": ("DEEPSPEED", 2),
+}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

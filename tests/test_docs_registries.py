@@ -14,14 +14,17 @@ def _backticked(text: str) -> set[str]:
     return set(re.findall(r"`([a-z][a-z0-9-]*)`", text))
 
 
-@pytest.mark.parametrize("page, marker", [
-    ("README.md", "registry of methods"),
-    ("docs/training.md", "`--method` is any registered credit method"),
-])
+@pytest.mark.parametrize(
+    "page, marker",
+    [
+        ("README.md", "registry of methods"),
+        ("docs/training.md", "`--method` is any registered credit method"),
+    ],
+)
 def test_the_method_lists_in_the_docs_name_every_registered_method(page, marker):
     text = (ROOT / page).read_text()
     start = text.index(marker)
-    paragraph = text[start:text.find("\n\n", start)]
+    paragraph = text[start : text.find("\n\n", start)]
     assert set(available_methods()) <= _backticked(paragraph), f"{page}: name every registered method"
 
 

@@ -232,14 +232,28 @@ def test_load_saved_dir_and_peft_adapter(tmp_path, tiny, saved_tiny):
 # Result files and the command line.
 # ---------------------------------------------------------------------------------------------
 def _cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "mrtpo.cli", "eval", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "mrtpo.cli", "eval", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def test_cli_end_to_end(tmp_path, saved_tiny, sql_task):
     out = tmp_path / "out"
-    done = _cli("--task", "sql", "--model", str(saved_tiny), "--limit", "2", "--max-new-tokens", "6",
-                "--batch-size", "2", "--out", str(out), "--quiet")
+    done = _cli(
+        "--task",
+        "sql",
+        "--model",
+        str(saved_tiny),
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--batch-size",
+        "2",
+        "--out",
+        str(out),
+        "--quiet",
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     result = json.loads((out / "results.json").read_text())
@@ -270,8 +284,10 @@ def test_markdown_tables_per_category():
     metrics = {
         "accuracy": 0.5,
         "n": 4,
-        "per_category": {"simple_python": {"correct": 2, "total": 2, "accuracy": 1.0},
-                         "irrelevance": {"correct": 0, "total": 2, "accuracy": 0.0}},
+        "per_category": {
+            "simple_python": {"correct": 2, "total": 2, "accuracy": 1.0},
+            "irrelevance": {"correct": 0, "total": 2, "accuracy": 0.0},
+        },
         "errors": {"no_sql": 3},
         "items": [{"id": "x"}],
     }
@@ -290,8 +306,10 @@ def test_markdown_tables_per_category():
         (["--task", "sql", "--split", "test"], ["no split 'test'", "train", "eval", "--split"]),
         (["--task", "instructions", "--split", "ifbench"], ["eval_ifeval", "eval_ifbench"]),
         (["--task", "sql", "--model", "./no/such/dir", "--limit", "1"], ["no such file or directory", "./no/such/dir"]),
-        (["--task", "sql", "--model", "nosuchpreset", "--limit", "1"],
-         ["unknown model 'nosuchpreset'", "qwen2.5-coder-0.5b"]),
+        (
+            ["--task", "sql", "--model", "nosuchpreset", "--limit", "1"],
+            ["unknown model 'nosuchpreset'", "qwen2.5-coder-0.5b"],
+        ),
         (["--task", "sql", "--limit", "0"], ["--limit must be >= 1"]),
     ],
 )
@@ -321,7 +339,11 @@ def test_cli_forces_hub_offline():
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     done = subprocess.run(
         [sys.executable, "-m", "mrtpo.cli", "eval", "--task", "sql", "--model", "nobody/no-such-model", "--limit", "1"],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
     )
     assert done.returncode == 2, done.stderr
     assert "HF_HUB_OFFLINE=1" in done.stderr and "Traceback" not in done.stderr

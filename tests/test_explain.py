@@ -41,8 +41,24 @@ def sql():
 
 def test_explain_command_writes_the_view(tiny_dir, tmp_path):
     out = tmp_path / "view.html"
-    cmd = [sys.executable, "-m", "mrtpo.cli", "explain", "--task", "sql", "--index", "0", "--model", str(tiny_dir),
-           "--completion", RIGHT, "--task-arg", "sample_rows=0", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "explain",
+        "--task",
+        "sql",
+        "--index",
+        "0",
+        "--model",
+        str(tiny_dir),
+        "--completion",
+        RIGHT,
+        "--task-arg",
+        "sample_rows=0",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # The gold query: every sql reward is 1.
@@ -78,15 +94,28 @@ def test_weights_follow_the_method(tiny, sql, one_thread):
     joint = explain(model, tok, task, example, ids, WRONG_TABLE, method="contrast")["weights"]
     torch.testing.assert_close(joint[0], joint[1])  # one shared map for every reward
     # one example has no other prompt to take a decoy from: the contrastive weights are MRTPO's
-    contrastive = explain(model, tok, task, example, ids, WRONG_TABLE, method="mrtpo-contrastive", lam=1.0,
-                          w_max=None)["weights"]
+    contrastive = explain(model, tok, task, example, ids, WRONG_TABLE, method="mrtpo-contrastive", lam=1.0, w_max=None)[
+        "weights"
+    ]
     torch.testing.assert_close(contrastive, w)
 
 
 def test_greedy_completion_when_none_is_given(tiny_dir, tmp_path, capsys, one_thread):
     out = tmp_path / "greedy.html"
-    rc = main(["--task", "sql", "--model", str(tiny_dir), "--max-new-tokens", "6", "--task-arg", "sample_rows=0",
-               "--out", str(out)])
+    rc = main(
+        [
+            "--task",
+            "sql",
+            "--model",
+            str(tiny_dir),
+            "--max-new-tokens",
+            "6",
+            "--task-arg",
+            "sample_rows=0",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "greedy completion of" in printed
@@ -96,8 +125,23 @@ def test_greedy_completion_when_none_is_given(tiny_dir, tmp_path, capsys, one_th
 
 
 def test_bad_inputs_exit_2(tiny_dir, tmp_path, capsys):
-    assert main(["--task", "sql", "--index", "100000", "--model", str(tiny_dir), "--completion", "x",
-                 "--task-arg", "sample_rows=0"]) == 2
+    assert (
+        main(
+            [
+                "--task",
+                "sql",
+                "--index",
+                "100000",
+                "--model",
+                str(tiny_dir),
+                "--completion",
+                "x",
+                "--task-arg",
+                "sample_rows=0",
+            ]
+        )
+        == 2
+    )
     assert "out of range" in capsys.readouterr().err
     assert main(["--task", "sql", "--model", str(tiny_dir), "--completion-file", str(tmp_path / "missing.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err

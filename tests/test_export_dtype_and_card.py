@@ -17,7 +17,7 @@ def _dtypes(folder: Path) -> set[str]:
     """The tensor dtypes in a folder's model.safetensors, read from its JSON header (no torch load)."""
     raw = (folder / "model.safetensors").read_bytes()
     size = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + size])
+    header = json.loads(raw[8 : 8 + size])
     return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
 
 
@@ -26,8 +26,23 @@ def runs(tiny_dir, tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("export")
     for name, extra in (("lora", ["--lora-r", "4", "learning_rate=0.01"]), ("full", [])):
-        assert main(["--task", "sql", "--model", str(tiny_dir), "--output-dir", str(root / name), "--max-steps", "1",
-                     *extra, *SMALL]) == 0
+        assert (
+            main(
+                [
+                    "--task",
+                    "sql",
+                    "--model",
+                    str(tiny_dir),
+                    "--output-dir",
+                    str(root / name),
+                    "--max-steps",
+                    "1",
+                    *extra,
+                    *SMALL,
+                ]
+            )
+            == 0
+        )
     return root
 
 

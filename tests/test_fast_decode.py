@@ -12,14 +12,20 @@ from mrtpo.testing import tiny_policy
 
 
 def _config(**kw):
-    base = dict(do_sample=True, max_new_tokens=12, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=[2],
-                pad_token_id=0)
+    base = dict(
+        do_sample=True, max_new_tokens=12, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=[2], pad_token_id=0
+    )
     return GenerationConfig(**{**base, **kw})
 
 
 def _left_padded_prompts(tok, texts, repeats):
-    enc = tok([t for t in texts for _ in range(repeats)], return_tensors="pt", padding=True, padding_side="left",
-              add_special_tokens=False)
+    enc = tok(
+        [t for t in texts for _ in range(repeats)],
+        return_tensors="pt",
+        padding=True,
+        padding_side="left",
+        add_special_tokens=False,
+    )
     return enc["input_ids"], enc["attention_mask"]
 
 
@@ -31,7 +37,7 @@ def _reference_logits(model, ids, prompt_mask, new):
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()
-    return logits[:, width - 1:width - 1 + new.shape[1]]
+    return logits[:, width - 1 : width - 1 + new.shape[1]]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -40,7 +46,7 @@ def test_each_step_logits_equal_the_models_full_forward(temperature):
     ids, mask = _left_padded_prompts(tok, ["hello there", "a much longer prompt than the first"], repeats=3)
     torch.manual_seed(0)
     out, seen = sample(model, ids, mask, _config(temperature=temperature, eos_token_id=[]), return_logits=True)
-    new = out[:, ids.shape[1]:]
+    new = out[:, ids.shape[1] :]
     assert new.shape == (6, 12)  # no EOS: every step runs
     reference = _reference_logits(model, out, mask, new)
     torch.testing.assert_close(seen, reference, atol=2e-5, rtol=1e-4)
@@ -50,16 +56,17 @@ def test_lora_adapter_applies_in_the_decode_step():
     from peft import LoraConfig, get_peft_model
 
     model, tok = tiny_policy(seed=4)
-    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"],
-                                                  init_lora_weights=False))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    )
     peft_model.eval()
     ids, mask = _left_padded_prompts(tok, ["adapter test"], repeats=2)
     torch.manual_seed(1)
     out, seen = sample(peft_model, ids, mask, _config(max_new_tokens=6, eos_token_id=[]), return_logits=True)
-    reference = _reference_logits(peft_model, out, mask, out[:, ids.shape[1]:])
+    reference = _reference_logits(peft_model, out, mask, out[:, ids.shape[1] :])
     torch.testing.assert_close(seen, reference, atol=2e-5, rtol=1e-4)
     with peft_model.disable_adapter():
-        base_logits = _reference_logits(peft_model, out, mask, out[:, ids.shape[1]:])
+        base_logits = _reference_logits(peft_model, out, mask, out[:, ids.shape[1] :])
     assert (seen - base_logits).abs().max() > 1e-3  # the adapter changed the logits the tokens came from
 
 
@@ -67,16 +74,16 @@ def test_rows_end_at_eos_and_are_padded_like_generate():
     model, tok = tiny_policy(seed=5)
     ids, mask = _left_padded_prompts(tok, ["stop early", "and another prompt"], repeats=4)
     torch.manual_seed(2)
-    free = sample(model, ids, mask, _config(max_new_tokens=20, eos_token_id=[]))[:, ids.shape[1]:]
+    free = sample(model, ids, mask, _config(max_new_tokens=20, eos_token_id=[]))[:, ids.shape[1] :]
     eos = int(free[0, 3])  # a token row 0 drew at step 3: with it as EOS, row 0 ends there
     torch.manual_seed(2)  # same random stream: every row draws the same tokens until it ends
-    new = sample(model, ids, mask, _config(max_new_tokens=20, eos_token_id=[eos], pad_token_id=0))[:, ids.shape[1]:]
+    new = sample(model, ids, mask, _config(max_new_tokens=20, eos_token_id=[eos], pad_token_id=0))[:, ids.shape[1] :]
     ends = []
     for row, reference in zip(new.tolist(), free.tolist()):
         end = reference.index(eos) if eos in reference else len(reference)
         ends.append(end)
-        assert row[:end + 1] == reference[:end + 1][:len(row)]
-        assert all(t == 0 for t in row[end + 1:])  # padded after its EOS
+        assert row[: end + 1] == reference[: end + 1][: len(row)]
+        assert all(t == 0 for t in row[end + 1 :])  # padded after its EOS
     assert ends[0] <= 3
     assert new.shape[1] == min(20, max(ends) + 1)  # stops at the step the last row ended
 
@@ -133,8 +140,16 @@ def test_trainer_samples_through_the_decode_loop(tmp_path):
     from test_trainer import char_code, has_letter_e, make_trainer
 
     def sampling_forwards(**settings):
-        trainer = make_trainer(tmp_path, [has_letter_e, char_code], max_steps=1, num_generations=3,
-                               per_device_train_batch_size=6, method="gdpo", shared_prompt_update=False, **settings)
+        trainer = make_trainer(
+            tmp_path,
+            [has_letter_e, char_code],
+            max_steps=1,
+            num_generations=3,
+            per_device_train_batch_size=6,
+            method="gdpo",
+            shared_prompt_update=False,
+            **settings,
+        )
         shapes, generating = [], []
         inner = trainer._generate_single_turn
 
@@ -169,8 +184,14 @@ def test_trainer_tokenizes_each_distinct_prompt_once_with_trls_ids(tmp_path):
 
     from test_trainer import char_code, has_letter_e, make_trainer
 
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code], max_steps=1, num_generations=3,
-                           per_device_train_batch_size=6, method="gdpo")
+    trainer = make_trainer(
+        tmp_path,
+        [has_letter_e, char_code],
+        max_steps=1,
+        num_generations=3,
+        per_device_train_batch_size=6,
+        method="gdpo",
+    )
     prompts = [row["prompt"] for row in trainer.train_dataset.select(range(2)) for _ in range(3)]
     rendered = []
     template = trainer.processing_class.apply_chat_template
@@ -193,12 +214,12 @@ def test_rows_that_end_leave_the_batch_and_the_rest_decode_as_before():
     model, tok = tiny_policy(seed=6)
     ids, mask = _left_padded_prompts(tok, ["one prompt", "another prompt here", "x"], repeats=4)
     torch.manual_seed(3)
-    free = sample(model, ids, mask, _config(max_new_tokens=16, eos_token_id=[]))[:, ids.shape[1]:]
+    free = sample(model, ids, mask, _config(max_new_tokens=16, eos_token_id=[]))[:, ids.shape[1] :]
     counts = torch.bincount(free[:, :6].reshape(-1))
     eos = int(counts.argmax())  # the token most rows draw early
     torch.manual_seed(3)
     out, seen = sample(model, ids, mask, _config(max_new_tokens=16, eos_token_id=[eos]), return_logits=True)
-    new = out[:, ids.shape[1]:]
+    new = out[:, ids.shape[1] :]
     ended = [(row.index(eos) if eos in row else None) for row in new.tolist()]
     assert sum(e is not None and e < new.shape[1] - 2 for e in ended) >= 6  # half the rows end early
     assert torch.isnan(seen).any()  # some rows left the batch before the loop ended
@@ -217,15 +238,22 @@ def test_greedy_gives_generates_tokens(peft):
     if peft:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                      "gate_proj", "up_proj", "down_proj"],
-                                                 init_lora_weights=False))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=4,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                init_lora_weights=False,
+            ),
+        )
         model.eval()
     ids, mask = _left_padded_prompts(tok, ["greedy one", "a second and longer greedy prompt", "z"], repeats=2)
     free = sample(model, ids, mask, _config(do_sample=False, max_new_tokens=14, eos_token_id=[]))
     eos = int(free[0, ids.shape[1] + 4])  # row 0's fifth token as EOS: row 0 (at least) ends early
-    for config in (_config(do_sample=False, max_new_tokens=14, eos_token_id=[]),
-                   _config(do_sample=False, max_new_tokens=14, eos_token_id=[eos], pad_token_id=0)):
+    for config in (
+        _config(do_sample=False, max_new_tokens=14, eos_token_id=[]),
+        _config(do_sample=False, max_new_tokens=14, eos_token_id=[eos], pad_token_id=0),
+    ):
         ours = sample(model, ids, mask, config)
         with torch.no_grad():
             theirs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
@@ -239,9 +267,14 @@ def test_bfloat16_follows_the_models_forward_with_a_small_adapter():
     from peft import LoraConfig, get_peft_model
 
     model, tok = tiny_policy(seed=4, dtype=torch.bfloat16)
-    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                       "gate_proj", "up_proj", "down_proj"],
-                                                  init_lora_weights=False))
+    peft_model = get_peft_model(
+        model,
+        LoraConfig(
+            r=4,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+            init_lora_weights=False,
+        ),
+    )
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
@@ -250,7 +283,7 @@ def test_bfloat16_follows_the_models_forward_with_a_small_adapter():
     ids, mask = _left_padded_prompts(tok, ["adapter test", "another longer prompt here"], repeats=2)
     torch.manual_seed(0)
     out, seen = sample(peft_model, ids, mask, _config(max_new_tokens=10, eos_token_id=[]), return_logits=True)
-    new = out[:, ids.shape[1]:]
+    new = out[:, ids.shape[1] :]
     reference = _reference_logits(peft_model, out, mask, new)
     with peft_model.disable_adapter():
         base = _reference_logits(peft_model, out, mask, new)
@@ -281,6 +314,6 @@ def test_folded_weights_are_kept_and_refolded_when_a_base_weight_changes():
         model.model.layers[0].mlp.down_proj.weight.mul_(-3.0)
     changed, seen = sample(model, ids, mask, _config(do_sample=False, eos_token_id=[]), return_logits=True)
     assert fast_decode._FROZEN_CACHE[model][1] is not kept
-    reference = _reference_logits(model, changed, mask, changed[:, ids.shape[1]:])
+    reference = _reference_logits(model, changed, mask, changed[:, ids.shape[1] :])
     torch.testing.assert_close(seen, reference, atol=2e-5, rtol=1e-4)
     assert changed.tolist() != first.tolist()

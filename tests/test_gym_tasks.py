@@ -17,14 +17,26 @@ GYM = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff
 
 
 def _constraints_example(clauses):
-    gold = {"topic": ["fig", "tan", "elk"], "length": 6,
-            "clauses": [{"kind": k, "args": a, "text": constraints.clause_text(k, a)} for k, a in clauses]}
+    gold = {
+        "topic": ["fig", "tan", "elk"],
+        "length": 6,
+        "clauses": [{"kind": k, "args": a, "text": constraints.clause_text(k, a)} for k, a in clauses],
+    }
     return Example(id="x", split="train", messages=[{"role": "user", "content": "?"}], gold=gold)
 
 
 def test_constraints_rewards_and_positions_by_hand():
-    ex = _constraints_example([("include", ["owl"]), ("avoid", ["rice"]), ("start", ["gold"]), ("end", ["pie"]),
-                               ("before", ["cat", "dog"]), ("count", ["fox", 2]), ("length", [6])])
+    ex = _constraints_example(
+        [
+            ("include", ["owl"]),
+            ("avoid", ["rice"]),
+            ("start", ["gold"]),
+            ("end", ["pie"]),
+            ("before", ["cat", "dog"]),
+            ("count", ["fox", 2]),
+            ("length", [6]),
+        ]
+    )
     verifiers = constraints.verifiers(7)
     words = "gold owl cat rice dog pie".split()
     assert [v(" ".join(words), ex) for v in verifiers] == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
@@ -49,8 +61,13 @@ def test_overlap_control_shares_evidence_and_positions():
 
 
 def test_answer_rewards_and_positions_by_hand():
-    gold = {"items": ["owl", "red", "pie", "rome"], "op": "reverse", "category": None,
-            "answer": ["rome", "pie", "red", "owl"], "items_text": "items : owl red pie rome ."}
+    gold = {
+        "items": ["owl", "red", "pie", "rome"],
+        "op": "reverse",
+        "category": None,
+        "answer": ["rome", "pie", "red", "owl"],
+        "items_text": "items : owl red pie rome .",
+    }
     ex = Example(id="a", split="train", messages=[], gold=gold)
     fmt, valid, result = answer.verifiers()
     words = "<ans> rome pie owl red </ans>".split()
@@ -180,15 +197,27 @@ def test_tradeoff_demonstrator_meets_one_rule_at_a_time():
 
 
 def test_long_rules_are_read_at_one_or_two_positions_by_hand():
-    rules = [("include", ["owl"]), ("avoid", ["rice"]), ("start", ["gold"]), ("end", ["rose"]),
-             ("before", ["fox", "pie"]), ("count", ["cat", 2])]
+    rules = [
+        ("include", ["owl"]),
+        ("avoid", ["rice"]),
+        ("start", ["gold"]),
+        ("end", ["rose"]),
+        ("before", ["fox", "pie"]),
+        ("count", ["cat", 2]),
+    ]
     gold = {"length": 12, "clauses": [{"kind": k, "args": a, "text": constraints.clause_text(k, a)} for k, a in rules]}
     ex = Example(id="x", split="train", messages=[{"role": "user", "content": "?"}], gold=gold)
     task = get_task("gym-long", num_clauses=6)
     words = "gold 7 owl 3 cat 9 fox 11 cat pie 5 rose".split()
     assert [v(" ".join(words), ex) for v in task.verifiers()] == [1.0] * 6
-    assert task.relevant_positions(ex, words) == {"c1": [2], "c2": [], "c3": [0], "c4": [11], "c5": [6, 9],
-                                                  "c6": [4, 8]}
+    assert task.relevant_positions(ex, words) == {
+        "c1": [2],
+        "c2": [],
+        "c3": [0],
+        "c4": [11],
+        "c5": [6, 9],
+        "c6": [4, 8],
+    }
     broken = "7 7 pie 3 rice 9 fox 11 cat rice 5 8".split()  # no owl, rice twice, wrong ends, pie first, one cat
     assert [v(" ".join(broken), ex) for v in task.verifiers()] == [0.0] * 6
     truth = task.relevant_positions(ex, broken)
@@ -207,8 +236,9 @@ def test_long_prompts_have_3_to_6_rules_and_long_filler_responses():
         _, words = task.demonstration(ex, rng)
         lengths.append((ex.gold["length"], len(words)))
         filler += sum(w in long.FILLER for w in words)
-        rule_positions.append(sum(len(constraints.relevant_positions(r["kind"], r["args"], words))
-                                  for r in ex.gold["clauses"]))
+        rule_positions.append(
+            sum(len(constraints.relevant_positions(r["kind"], r["args"], words)) for r in ex.gold["clauses"])
+        )
     assert counts == {3, 4, 5, 6}
     assert all(abs(n - length) <= long.LENGTH_JITTER for length, n in lengths)
     assert {length for length, _ in lengths} == {64, 128}

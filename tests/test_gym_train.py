@@ -29,16 +29,18 @@ def gym_env(tmp_path_factory):
 
 
 def _mrtpo(args, env, cwd):
-    return subprocess.run([sys.executable, "-m", "mrtpo.cli", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mrtpo.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_rank_correlation_and_precision_by_hand():
     truth = torch.tensor([True, False, False, False])
     assert rank_correlation(torch.tensor([3.0, 1, 1, 1]), truth) == pytest.approx(1.0)
     # ranks (1, 2, 3, 4) against (2, 2, 2, 4): 3 / sqrt(5 * 3)
-    assert rank_correlation(torch.tensor([1.0, 2, 3, 4]), torch.tensor([False, False, False, True])) == \
-        pytest.approx(3 / 15 ** 0.5)
+    assert rank_correlation(torch.tensor([1.0, 2, 3, 4]), torch.tensor([False, False, False, True])) == pytest.approx(
+        3 / 15**0.5
+    )
     assert rank_correlation(torch.ones(4), torch.tensor([True, False, False, False])) is None  # uniform weights
     rows = completion_precision({"m": torch.tensor([[2.0, 1, 1, 0, 9]])}, ["r"], {"r": [0]}, length=4)
     assert rows[0]["lift"]["m"] == pytest.approx((2 / 4) / (1 / 4)) and rows[0]["relevant"] == 1
@@ -60,9 +62,27 @@ def test_warm_start_is_cached_by_its_settings(tmp_path):
 
 def test_gym_trains_through_the_cli_and_its_rewards_rescore(gym_env, tmp_path):
     out = tmp_path / "run"
-    r = _mrtpo(["train", "--task", "gym-constraints", "--model", "gym", "--output-dir", str(out), f"task_args={TINY}",
-                "max_steps=2", "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=24",
-                "credit_samples=8", "report=false", "save_strategy=no"], gym_env, tmp_path)
+    r = _mrtpo(
+        [
+            "train",
+            "--task",
+            "gym-constraints",
+            "--model",
+            "gym",
+            "--output-dir",
+            str(out),
+            f"task_args={TINY}",
+            "max_steps=2",
+            "num_generations=4",
+            "per_device_train_batch_size=8",
+            "max_completion_length=24",
+            "credit_samples=8",
+            "report=false",
+            "save_strategy=no",
+        ],
+        gym_env,
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "rewards/c1/mean" in s] == [1, 2]
@@ -85,8 +105,24 @@ def test_gym_trains_through_the_cli_and_its_rewards_rescore(gym_env, tmp_path):
 
 def test_bench_gym_precision_runs_and_uniform_methods_give_lift_one(gym_env, tmp_path):
     out = tmp_path / "precision.json"
-    r = _mrtpo(["bench", "gym", "--task", "gym-answer", "--task-arg", f"policy={TINY_POLICY}", "--prompts", "2",
-                "--group-size", "4", "--out", str(out)], gym_env, tmp_path)
+    r = _mrtpo(
+        [
+            "bench",
+            "gym",
+            "--task",
+            "gym-answer",
+            "--task-arg",
+            f"policy={TINY_POLICY}",
+            "--prompts",
+            "2",
+            "--group-size",
+            "4",
+            "--out",
+            str(out),
+        ],
+        gym_env,
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     record = json.loads(out.read_text())
     assert {s["reward"] for s in record["summary"]} <= {"format", "valid", "result"} and record["rows"]
@@ -113,9 +149,34 @@ def test_a_plugin_method_runs_on_the_gym_preset_in_two_workers(gym_env, tmp_path
     (tmp_path / "my_credit.py").write_text(PLUGIN)
     env = {**gym_env, "MRTPO_PLUGINS": "my_credit", "PYTHONPATH": str(tmp_path)}
     out = tmp_path / "bench"
-    r = _mrtpo(["bench", "learn", "--task", "gym-call", "--preset", "gym", "--methods", "gdpo,firsthalf", "--seeds",
-                "0", "--max-steps", "2", "--eval-every", "2", "--eval-size", "4", "--jobs", "2", "--out", str(out),
-                f"task_args={TINY}", "per_device_train_batch_size=8"], env, tmp_path)
+    r = _mrtpo(
+        [
+            "bench",
+            "learn",
+            "--task",
+            "gym-call",
+            "--preset",
+            "gym",
+            "--methods",
+            "gdpo,firsthalf",
+            "--seeds",
+            "0",
+            "--max-steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-size",
+            "4",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+            f"task_args={TINY}",
+            "per_device_train_batch_size=8",
+        ],
+        env,
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "training in 2 worker processes" in r.stdout
     for method in ("gdpo", "firsthalf"):
@@ -126,15 +187,40 @@ def test_a_plugin_method_runs_on_the_gym_preset_in_two_workers(gym_env, tmp_path
     # computed from the unfinished runs skipped a run when the other worker had already finished)
     shutil.rmtree(out / "firsthalf-seed0")
     gdpo_finished = (out / "gdpo-seed0" / "finished.json").read_text()
-    worker = _mrtpo(["bench", "learn", "--task", "gym-call", "--preset", "gym", "--methods", "gdpo,firsthalf",
-                     "--seeds", "0", "--max-steps", "2", "--eval-every", "2", "--eval-size", "4", "--out", str(out),
-                     f"task_args={TINY}", "per_device_train_batch_size=8", "--worker", '[["firsthalf", null, 0]]'],
-                    env, tmp_path)
+    worker = _mrtpo(
+        [
+            "bench",
+            "learn",
+            "--task",
+            "gym-call",
+            "--preset",
+            "gym",
+            "--methods",
+            "gdpo,firsthalf",
+            "--seeds",
+            "0",
+            "--max-steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-size",
+            "4",
+            "--out",
+            str(out),
+            f"task_args={TINY}",
+            "per_device_train_batch_size=8",
+            "--worker",
+            '[["firsthalf", null, 0]]',
+        ],
+        env,
+        tmp_path,
+    )
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert (out / "firsthalf-seed0" / "finished.json").is_file()
     assert (out / "gdpo-seed0" / "finished.json").read_text() == gdpo_finished
-    bad = _mrtpo(["bench", "learn", "--task", "gym-call", "--dry-run"], {**env, "MRTPO_PLUGINS": "no_such_module"},
-                 tmp_path)
+    bad = _mrtpo(
+        ["bench", "learn", "--task", "gym-call", "--dry-run"], {**env, "MRTPO_PLUGINS": "no_such_module"}, tmp_path
+    )
     assert bad.returncode != 0 and "MRTPO_PLUGINS names 'no_such_module'" in bad.stderr
 
 
@@ -152,8 +238,25 @@ def test_flops_per_token_counts_linear_weights_head_and_attention():
 
 def test_bench_step_times_each_phase_of_both_methods_against_its_floor(gym_env, tmp_path):
     out = tmp_path / "step.json"
-    result = _mrtpo(["bench", "step", "--task", "gym-constraints", "--steps", "3", "--profile", "2", "--out", str(out),
-                     f"task_args={TINY}", "max_completion_length=8", "skip_zero_advantage=false"], gym_env, tmp_path)
+    result = _mrtpo(
+        [
+            "bench",
+            "step",
+            "--task",
+            "gym-constraints",
+            "--steps",
+            "3",
+            "--profile",
+            "2",
+            "--out",
+            str(out),
+            f"task_args={TINY}",
+            "max_completion_length=8",
+            "skip_zero_advantage=false",
+        ],
+        gym_env,
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     rows = {r["method"]: r for r in record["rows"]}
@@ -183,11 +286,26 @@ def test_gym_compare_gpu_path_dry_run_on_the_cpu(gym_env, tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "gym"
-    env = {**gym_env, "DEVICE": "cuda", "STAGES": "main summary", "METHODS": "gdpo,mrtpo", "SEEDS": "0", "STEPS": "2",
-           "JOBS": "1", "OUT": str(out), "MRTPO": str(Path(sys.executable).parent / "mrtpo"),
-           "EXTRA_ARGS": 'task_args={"policy":{"steps":3,"batch_size":8}} max_completion_length=8 --eval-size 4'}
-    result = subprocess.run(["bash", str(root / "scripts" / "gym_compare.sh")], env=env, cwd=root, capture_output=True,
-                            text=True, timeout=600)
+    env = {
+        **gym_env,
+        "DEVICE": "cuda",
+        "STAGES": "main summary",
+        "METHODS": "gdpo,mrtpo",
+        "SEEDS": "0",
+        "STEPS": "2",
+        "JOBS": "1",
+        "OUT": str(out),
+        "MRTPO": str(Path(sys.executable).parent / "mrtpo"),
+        "EXTRA_ARGS": 'task_args={"policy":{"steps":3,"batch_size":8}} max_completion_length=8 --eval-size 4',
+    }
+    result = subprocess.run(
+        ["bash", str(root / "scripts" / "gym_compare.sh")],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     main = out / "main-gym-constraints"
     assert (main / "bench.json").is_file()

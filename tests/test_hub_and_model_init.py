@@ -49,9 +49,15 @@ def _no_check(*_a, **_k):
 # ---------------------------------------------------------------------------------------------
 # hub mode
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("env, offline", [({"HF_HUB_OFFLINE": "1"}, True), ({"HF_HUB_OFFLINE": "0"}, False),
-                                          ({"TRANSFORMERS_OFFLINE": "1"}, True),
-                                          ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False)])
+@pytest.mark.parametrize(
+    "env, offline",
+    [
+        ({"HF_HUB_OFFLINE": "1"}, True),
+        ({"HF_HUB_OFFLINE": "0"}, False),
+        ({"TRANSFORMERS_OFFLINE": "1"}, True),
+        ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False),
+    ],
+)
 def test_the_users_setting_wins_without_a_check(no_hub_setting, env, offline):
     for var, value in env.items():
         no_hub_setting.setenv(var, value)
@@ -190,11 +196,14 @@ def test_revision_is_for_hub_ids_only(tiny_folder):
     assert init.from_pretrained_kwargs() == {"revision": "v1", "trust_remote_code": True}
 
 
-@pytest.mark.parametrize("kwargs, attn, dtype", [
-    ({"attn_implementation": "eager", "dtype": "bfloat16"}, "eager", torch.bfloat16),
-    ({"attn_implementation": "sdpa", "dtype": "float32"}, "sdpa", torch.float32),
-    ({"dtype": "auto"}, "sdpa", torch.float32),  # the folder's own dtype
-])
+@pytest.mark.parametrize(
+    "kwargs, attn, dtype",
+    [
+        ({"attn_implementation": "eager", "dtype": "bfloat16"}, "eager", torch.bfloat16),
+        ({"attn_implementation": "sdpa", "dtype": "float32"}, "sdpa", torch.float32),
+        ({"dtype": "auto"}, "sdpa", torch.float32),  # the folder's own dtype
+    ],
+)
 def test_a_folder_loads_with_the_asked_attention_and_dtype(tiny_folder, kwargs, attn, dtype):
     model, _ = load_with_init(tiny_folder, parse_model_init(str(tiny_folder), kwargs))
     assert model.config._attn_implementation == attn and model.dtype == dtype
@@ -212,14 +221,18 @@ def test_trust_remote_code_reaches_from_pretrained(tmp_path):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     (folder / "configuration_q7.py").write_text(
-        "from transformers import Qwen2Config\n\nclass Q7Config(Qwen2Config):\n    model_type = 'q7-remote'\n")
+        "from transformers import Qwen2Config\n\nclass Q7Config(Qwen2Config):\n    model_type = 'q7-remote'\n"
+    )
     (folder / "modeling_q7.py").write_text(
         "from transformers import Qwen2ForCausalLM\nfrom .configuration_q7 import Q7Config\n\n"
-        "class Q7ForCausalLM(Qwen2ForCausalLM):\n    config_class = Q7Config\n")
+        "class Q7ForCausalLM(Qwen2ForCausalLM):\n    config_class = Q7Config\n"
+    )
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="q7-remote", architectures=["Q7ForCausalLM"],
-                  auto_map={"AutoConfig": "configuration_q7.Q7Config",
-                            "AutoModelForCausalLM": "modeling_q7.Q7ForCausalLM"})
+    config.update(
+        model_type="q7-remote",
+        architectures=["Q7ForCausalLM"],
+        auto_map={"AutoConfig": "configuration_q7.Q7Config", "AutoModelForCausalLM": "modeling_q7.Q7ForCausalLM"},
+    )
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises((ValueError, OSError)):
         load_with_init(folder, parse_model_init(str(folder), {}))
@@ -231,10 +244,20 @@ def test_build_trainer_applies_model_init_kwargs(tiny_folder, tmp_path):
     from mrtpo.config import load_config
     from mrtpo.train import build_trainer
 
-    config = load_config(overrides={
-        "task": "gym-constraints", "model": str(tiny_folder), "output_dir": str(tmp_path / "run"), "max_steps": 1,
-        "num_generations": 2, "per_device_train_batch_size": 2, "max_completion_length": 8, "report": False,
-        "model_init_kwargs": {"attn_implementation": "eager", "torch_dtype": "bfloat16"}, "dtype": "bfloat16"})
+    config = load_config(
+        overrides={
+            "task": "gym-constraints",
+            "model": str(tiny_folder),
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 1,
+            "num_generations": 2,
+            "per_device_train_batch_size": 2,
+            "max_completion_length": 8,
+            "report": False,
+            "model_init_kwargs": {"attn_implementation": "eager", "torch_dtype": "bfloat16"},
+            "dtype": "bfloat16",
+        }
+    )
     trainer = build_trainer(config)
     assert trainer.model.config._attn_implementation == "eager" and trainer.model.dtype == torch.bfloat16
     assert config.args.model_init_kwargs == {"dtype": "bfloat16", "attn_implementation": "eager"}  # TRL's copy
@@ -246,8 +269,14 @@ def test_the_gym_policy_takes_attention_and_dtype(tmp_path, monkeypatch):
     from mrtpo.tasks import get_task
     from mrtpo.train import load_model
 
-    config = load_config(overrides={"task": "gym-constraints", "model": "gym", "output_dir": str(tmp_path / "r"),
-                                    "model_init_kwargs": {"attn_implementation": "eager"}})
+    config = load_config(
+        overrides={
+            "task": "gym-constraints",
+            "model": "gym",
+            "output_dir": str(tmp_path / "r"),
+            "model_init_kwargs": {"attn_implementation": "eager"},
+        }
+    )
     model, _, _ = load_model(config, get_task("gym-constraints"))
     assert model.config._attn_implementation == "eager"
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
@@ -256,16 +285,39 @@ def test_the_gym_policy_takes_attention_and_dtype(tmp_path, monkeypatch):
 def test_train_cli_one_step_with_model_init_kwargs(tiny_folder, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MRTPO_CACHE": str(tmp_path / "cache")}
-    base = [sys.executable, "-m", "mrtpo.cli", "train", "--task", "gym-constraints", "--model", str(tiny_folder),
-            "--output-dir", str(out), "--overwrite", "max_steps=1", "num_generations=2",
-            "per_device_train_batch_size=2", "max_completion_length=8", "report=false", "save_strategy=no"]
-    done = subprocess.run([*base, "model_init_kwargs={attn_implementation: eager, dtype: float32}"], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    base = [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "train",
+        "--task",
+        "gym-constraints",
+        "--model",
+        str(tiny_folder),
+        "--output-dir",
+        str(out),
+        "--overwrite",
+        "max_steps=1",
+        "num_generations=2",
+        "per_device_train_batch_size=2",
+        "max_completion_length=8",
+        "report=false",
+        "save_strategy=no",
+    ]
+    done = subprocess.run(
+        [*base, "model_init_kwargs={attn_implementation: eager, dtype: float32}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "will be ignored" not in done.stdout + done.stderr  # TRL's warning: mrtpo applied them
     saved = (out / "config.yaml").read_text()
     assert "model_init_kwargs:\n  dtype: float32\n  attn_implementation: eager" in saved
-    bad = subprocess.run([*base, "model_init_kwargs={revision: main}"], env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
+    bad = subprocess.run(
+        [*base, "model_init_kwargs={revision: main}"], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert bad.returncode == 2 and "revision 'main' applies to hub ids only" in bad.stderr
     assert "Traceback" not in bad.stderr

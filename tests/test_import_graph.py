@@ -23,20 +23,52 @@ DESIGN = SRC.parents[1] / "docs" / "design.md"
 #: those below). A package's modules share its floor (``evaluate/load.py`` is ``evaluate``): importing
 #: one runs the package's ``__init__``, so none of them can sit lower than it.
 FLOORS = {
-    "cli_help": 0, "credit": 0, "hub": 0, "machine": 0, "model_calls": 0, "model_presets": 0, "replay_passes": 0,
-    "reward_calls": 0, "run_outputs": 0, "testing": 0, "trl_names": 0, "validation": 0, "verifiers": 0,
+    "cli_help": 0,
+    "credit": 0,
+    "hub": 0,
+    "machine": 0,
+    "model_calls": 0,
+    "model_presets": 0,
+    "replay_passes": 0,
+    "reward_calls": 0,
+    "run_outputs": 0,
+    "testing": 0,
+    "trl_names": 0,
+    "validation": 0,
+    "verifiers": 0,
     "warning_filters": 0,
-    "counterfactual": 1, "known_positions": 1, "models": 1, "packing": 1, "rewards": 1, "shared_prompt": 1,
-    "__init__": 2, "fast_decode": 2, "model_init": 2, "model_names": 2, "replay_plan": 2, "sampling": 2,
+    "counterfactual": 1,
+    "known_positions": 1,
+    "models": 1,
+    "packing": 1,
+    "rewards": 1,
+    "shared_prompt": 1,
+    "__init__": 2,
+    "fast_decode": 2,
+    "model_init": 2,
+    "model_names": 2,
+    "replay_plan": 2,
+    "sampling": 2,
     "task_base": 2,
-    "cli": 3, "gym": 3, "replay": 3,
-    "tasks": 4, "trainer": 4,
-    "evaluate": 5, "report": 5, "warm_start": 5,
-    "config": 6, "demo": 6, "explain": 6,
-    "cli_args": 7, "run_build": 7, "saved_config": 7, "task_pin": 7,
+    "cli": 3,
+    "gym": 3,
+    "replay": 3,
+    "tasks": 4,
+    "trainer": 4,
+    "evaluate": 5,
+    "report": 5,
+    "warm_start": 5,
+    "config": 6,
+    "demo": 6,
+    "explain": 6,
+    "cli_args": 7,
+    "run_build": 7,
+    "saved_config": 7,
+    "task_pin": 7,
     "run_folder": 8,
     "train": 9,
-    "bench": 10, "export": 10,
+    "bench": 10,
+    "export": 10,
 }
 
 #: Module cycles that are intended, each with its reason (``frozenset`` of the modules -> why). None now.
@@ -120,9 +152,12 @@ def unit_of(module: str) -> str:
 
 def upward_arrows(graph: dict[str, set[str]], floors: dict[str, int]) -> list[str]:
     """Every import of a unit on a higher floor than the importer's, as ``module -> module (floors)``."""
-    return [f"{m} (floor {floors[unit_of(m)]}) imports {t} (floor {floors[unit_of(t)]})"
-            for m, targets in sorted(graph.items()) for t in sorted(targets)
-            if unit_of(m) in floors and unit_of(t) in floors and floors[unit_of(t)] > floors[unit_of(m)]]
+    return [
+        f"{m} (floor {floors[unit_of(m)]}) imports {t} (floor {floors[unit_of(t)]})"
+        for m, targets in sorted(graph.items())
+        for t in sorted(targets)
+        if unit_of(m) in floors and unit_of(t) in floors and floors[unit_of(t)] > floors[unit_of(m)]
+    ]
 
 
 def drawn_floors(graph: dict[str, set[str]]) -> dict[str, int]:
@@ -171,8 +206,9 @@ def test_the_floor_map_is_the_graph_as_drawn():
 def test_the_gym_knows_nothing_of_the_task_registry():
     """One direction: ``tasks`` registers the gym's families; no gym module imports ``tasks``."""
     graph = module_graph()
-    gym_to_tasks = [m for m, targets in graph.items()
-                    if unit_of(m) == "gym" and any(unit_of(t) == "tasks" for t in targets)]
+    gym_to_tasks = [
+        m for m, targets in graph.items() if unit_of(m) == "gym" and any(unit_of(t) == "tasks" for t in targets)
+    ]
     assert gym_to_tasks == []
 
 
@@ -187,25 +223,37 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 def test_the_checks_see_a_planted_cycle_and_up_arrow(tmp_path):
     """A package with one lazy two-module cycle and one arrow up: both are found, and nothing else."""
-    src = _package(tmp_path, {
-        "__init__.py": "",
-        "low.py": "def f():\n    from mrtpo.high import g\n",  # lazy: still an arrow
-        "high.py": "import mrtpo.low\n",
-        "pkg/__init__.py": "from mrtpo.pkg.a import x\n",
-        "pkg/a.py": "from mrtpo.pkg import b\nx = 1\n",  # a submodule through its package: no cycle
-        "pkg/b.py": "",
-    })
+    src = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low.py": "def f():\n    from mrtpo.high import g\n",  # lazy: still an arrow
+            "high.py": "import mrtpo.low\n",
+            "pkg/__init__.py": "from mrtpo.pkg.a import x\n",
+            "pkg/a.py": "from mrtpo.pkg import b\nx = 1\n",  # a submodule through its package: no cycle
+            "pkg/b.py": "",
+        },
+    )
     graph = module_graph(src)
     assert cycles(graph) == [frozenset({"mrtpo.low", "mrtpo.high"})]
     assert upward_arrows(graph, {"__init__": 0, "low": 0, "high": 1, "pkg": 0}) == [
-        "mrtpo.low (floor 0) imports mrtpo.high (floor 1)"]
+        "mrtpo.low (floor 0) imports mrtpo.high (floor 1)"
+    ]
     with pytest.raises(ValueError, match="circle"):
         drawn_floors(graph)
 
 
 def test_drawn_floors_of_a_chain(tmp_path):
-    src = _package(tmp_path, {"__init__.py": "", "a.py": "", "b.py": "from mrtpo.a import x\n",
-                              "c.py": "import mrtpo.b\nimport mrtpo.a\n", "d.py": "from mrtpo import a\n"})
+    src = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "",
+            "b.py": "from mrtpo.a import x\n",
+            "c.py": "import mrtpo.b\nimport mrtpo.a\n",
+            "d.py": "from mrtpo import a\n",
+        },
+    )
     assert drawn_floors(module_graph(src)) == {"__init__": 0, "a": 0, "b": 1, "c": 2, "d": 1}
 
 

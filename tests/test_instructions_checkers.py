@@ -96,9 +96,7 @@ def test_import_needs_no_datasets_no_download_and_leaves_no_placeholder() -> Non
         "assert calls == [], calls\n"
         "print(sorted(C.MISSING_NLTK_RESOURCES))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     # what if-verifiable asked for at import: the tagger (really missing) and the old pickle
     # punkt (not needed: NLTK >= 3.9 serves punkt/english.pickle from punkt_tab)
@@ -113,10 +111,7 @@ def test_registries_have_the_benchmark_sizes() -> None:
 
 
 def test_unverifiable_is_exactly_what_the_code_excludes() -> None:
-    blocked = {
-        (b, i) for b in checkers.BENCHMARKS for i in checkers.registry(b)
-        if not checkers.is_verifiable(b, i)
-    }
+    blocked = {(b, i) for b in checkers.BENCHMARKS for i in checkers.registry(b) if not checkers.is_verifiable(b, i)}
     assert blocked == set(checkers.UNVERIFIABLE) == {("ifbench", "words:start_verb")}
     with pytest.raises(ValueError, match="cannot be verified offline"):
         checkers.build_checker("ifbench", "words:start_verb", {}, "")
@@ -194,9 +189,27 @@ def test_stopwords_vendored_list() -> None:
     assert nltk.corpus.stopwords.words("english") == words
     # the 19 contractions added to NLTK's list in 2024 all contain an apostrophe, so they never
     # match a RegexpTokenizer(r"\w+") token: the 179- and 198-word lists count the same
-    added = {"he'd", "he'll", "he's", "i'd", "i'll", "i'm", "i've", "it'd", "it'll", "she'd",
-             "she'll", "they'd", "they'll", "they're", "they've", "we'd", "we'll", "we're",
-             "we've"}
+    added = {
+        "he'd",
+        "he'll",
+        "he's",
+        "i'd",
+        "i'll",
+        "i'm",
+        "i've",
+        "it'd",
+        "it'll",
+        "she'd",
+        "she'll",
+        "they'd",
+        "they'll",
+        "they're",
+        "they've",
+        "we'd",
+        "we'll",
+        "we're",
+        "we've",
+    }
     assert added <= set(words) and all("'" in w for w in added)
     tokens = nltk.tokenize.RegexpTokenizer(r"\w+").tokenize("I'm sure they've gone, he's out.")
     assert not any("'" in t for t in tokens)
@@ -293,9 +306,11 @@ def _benchmark_test_cases() -> tuple[list[tuple], list[str]]:
                     continue
                 elif isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Name):
                     v = s.value
-                    if isinstance(v, ast.Call) and getattr(v.func, "attr", None) and getattr(
-                        v.func.value, "id", None
-                    ) == "instructions":
+                    if (
+                        isinstance(v, ast.Call)
+                        and getattr(v.func, "attr", None)
+                        and getattr(v.func.value, "id", None) == "instructions"
+                    ):
                         state["cls"], state["kwargs"] = v.func.attr, {}
                     else:
                         env[s.targets[0].id] = value(v)
@@ -307,8 +322,7 @@ def _benchmark_test_cases() -> tuple[list[tuple], list[str]]:
                         inner = call.args[0]
                         assert getattr(inner.func, "attr", None) == "check_following"
                         cases.append(
-                            (fn.name, state["cls"], dict(state["kwargs"]),
-                             value(inner.args[0]), f.attr == "assertTrue")
+                            (fn.name, state["cls"], dict(state["kwargs"]), value(inner.args[0]), f.attr == "assertTrue")
                         )
                     else:
                         raise ValueError(ast.unparse(s))
@@ -373,9 +387,7 @@ def test_strict_and_loose_results() -> None:
     assert checkers.check("ifeval", "startend:end_checker", kw, text, "") == (False, True)
     # asterisks: "**" counts as one highlight-free pair under strict; removing them removes all
     kw2 = {"num_highlights": 1}
-    assert checkers.check(
-        "ifeval", "detectable_format:number_highlighted_sections", kw2, "*one*", ""
-    ) == (True, True)
+    assert checkers.check("ifeval", "detectable_format:number_highlighted_sections", kw2, "*one*", "") == (True, True)
     # empty / whitespace-only responses never pass (the benchmarks' `response.strip() and ...`)
     assert checkers.check("ifeval", "punctuation:no_comma", {}, "   ", "") == (False, False)
 

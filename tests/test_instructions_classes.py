@@ -49,6 +49,7 @@ def test_task_setting_and_held_out_split():
     assert len(train) == 8 and len(held) == 6
     assert held[0].id.endswith(f"{HELD_OUT_START:06d}") and not {e.id for e in train} & {e.id for e in held}
     assert all({c["id"] for c in e.gold["constraints"]} == set(THREE) for e in held)
+
     def answer(example, with_keywords):  # the keywords (or not), then a P.S. block with the example's marker
         kw = {c["id"]: c["kwargs"] for c in example.gold["constraints"]}
         words = " ".join(kw["keywords:existence"]["keywords"]) if with_keywords else "nothing"
@@ -56,6 +57,9 @@ def test_task_setting_and_held_out_split():
 
     scores = task.evaluate([answer(e, i % 2 == 0) for i, e in enumerate(held)], held)
     per = {k: v["strict"] for k, v in scores["per_instruction"].items()}
-    assert per == {"ifeval/detectable_content:postscript": 1.0, "ifeval/keywords:existence": 0.5,
-                   "ifeval/keywords:forbidden_words": 1.0}
+    assert per == {
+        "ifeval/detectable_content:postscript": 1.0,
+        "ifeval/keywords:existence": 0.5,
+        "ifeval/keywords:forbidden_words": 1.0,
+    }
     assert InstructionsTask(train_size=2).load("eval", limit=1)[0].id != held[0].id  # unrestricted: IFEval

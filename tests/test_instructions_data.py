@@ -22,8 +22,7 @@ def test_ifeval_541_in_file_order() -> None:
         "length_constraints:number_words",
     ]
     assert first.gold["constraints"][2]["kwargs"] == {"relation": "at least", "num_words": 300}
-    assert all(c["benchmark"] == "ifeval" and c["sentence"] is None
-               for e in ex for c in e.gold["constraints"])
+    assert all(c["benchmark"] == "ifeval" and c["sentence"] is None for e in ex for c in e.gold["constraints"])
     # every IFEval instruction is verifiable offline
     assert all(checkers.is_verifiable("ifeval", c["id"]) for e in ex for c in e.gold["constraints"])
     assert sum(len(e.gold["constraints"]) for e in ex) == 834  # IFEval's instruction count

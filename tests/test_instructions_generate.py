@@ -28,9 +28,7 @@ def big() -> dict[str, list]:
         "ifeval": generate(400, GeneratorConfig(seed=11)),
         "ifbench": generate(400, GeneratorConfig(seed=14, pool="ifbench")),
         "all": generate(400, GeneratorConfig(seed=12, pool="all", anchor=("min_words",))),
-        "ifbench_anchored": generate(
-            300, GeneratorConfig(seed=13, pool="ifbench", anchor=("min_words", "keywords"))
-        ),
+        "ifbench_anchored": generate(300, GeneratorConfig(seed=13, pool="ifbench", anchor=("min_words", "keywords"))),
     }
 
 
@@ -66,16 +64,10 @@ def test_conflicting_pairs_never_co_occur(big) -> None:
                 assert (x["benchmark"], x["id"]) != (y["benchmark"], y["id"])
     assert n_pairs > 1000
     # and the rule is not vacuous: IFEval's own table forbids some pairs we do draw from
-    assert pools.class_conflict(
-        ("ifeval", "detectable_format:json_format"), ("ifeval", "punctuation:no_comma")
-    )
-    assert pools.class_conflict(
-        ("ifeval", "change_case:english_lowercase"), ("ifeval", "change_case:english_capital")
-    )
+    assert pools.class_conflict(("ifeval", "detectable_format:json_format"), ("ifeval", "punctuation:no_comma"))
+    assert pools.class_conflict(("ifeval", "change_case:english_lowercase"), ("ifeval", "change_case:english_capital"))
     assert pools.class_conflict(("ifeval", "punctuation:no_comma"), ("ifbench", "count:punctuation"))
-    assert not pools.class_conflict(
-        ("ifeval", "punctuation:no_comma"), ("ifeval", "detectable_content:postscript")
-    )
+    assert not pools.class_conflict(("ifeval", "punctuation:no_comma"), ("ifeval", "detectable_content:postscript"))
 
 
 def test_keyword_rules() -> None:
@@ -119,7 +111,10 @@ def test_records_rebuild_their_sentences(big) -> None:
             assert checkers.describe(c["benchmark"], c["id"], c["kwargs"]) == c["sentence"]
     # the library can draw "Paragraph n+1" of an n-paragraph answer; such draws are rejected
     nth = [
-        c["kwargs"] for ex in big.values() for e in ex for c in e.gold["constraints"]
+        c["kwargs"]
+        for ex in big.values()
+        for e in ex
+        for c in e.gold["constraints"]
         if c["id"] == "length_constraints:nth_paragraph_first_word"
     ]
     assert len(nth) > 10
@@ -130,22 +125,19 @@ def test_counts_and_pool_coverage(big) -> None:
     counts = Counter(len(e.gold["constraints"]) for e in big["ifeval"])
     assert set(counts) == {1, 2, 3, 4, 5}
     assert all(counts[k] > 30 for k in counts)
-    assert all(
-        len(e.gold["constraints"]) <= e.meta["target_constraints"] for e in big["ifeval"]
-    )
+    assert all(len(e.gold["constraints"]) <= e.meta["target_constraints"] for e in big["ifeval"])
     # every class of a pool is actually drawn (so the per-class tests cover what training uses),
     # except those that conflict with an anchor
     for name, examples in big.items():
-        cfg = GeneratorConfig(**{**examples[0].meta["generator"], "anchor": tuple(
-            examples[0].meta["generator"]["anchor"])})
+        cfg = GeneratorConfig(
+            **{**examples[0].meta["generator"], "anchor": tuple(examples[0].meta["generator"]["anchor"])}
+        )
         anchor_keys = {
             "min_words": ("ifeval", "length_constraints:number_words"),
             "keywords": ("ifeval", "keywords:existence"),
         }
         anchors = {anchor_keys[a] for a in cfg.anchor}
-        expected = {
-            k for k in pools.pool(cfg.pool) if not any(pools.class_conflict(k, a) for a in anchors)
-        } | anchors
+        expected = {k for k in pools.pool(cfg.pool) if not any(pools.class_conflict(k, a) for a in anchors)} | anchors
         drawn = {(c["benchmark"], c["id"]) for e in examples for c in e.gold["constraints"]}
         assert drawn == expected, (name, expected ^ drawn)
     # the ifeval pool never draws IFBench classes
@@ -160,10 +152,7 @@ def test_anchors_are_always_present(big) -> None:
         assert floors[0]["id"] == "length_constraints:number_words"
         assert kw["relation"] == "at least" and 40 <= kw["num_words"] <= 120
         # no other length constraint can undercut the floor
-        assert not any(
-            c["id"] in ("count:word_count_range", "count:unique_word_count")
-            for c in e.gold["constraints"]
-        )
+        assert not any(c["id"] in ("count:word_count_range", "count:unique_word_count") for c in e.gold["constraints"])
     for e in big["ifbench_anchored"]:
         anchors = sorted(c["anchor"] for c in e.gold["constraints"] if c["anchor"])
         assert anchors == ["keywords", "min_words"]

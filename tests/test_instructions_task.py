@@ -24,16 +24,22 @@ def _example(constraints: list[dict], base: str = "Write a poem about tea.") -> 
 
 
 NO_COMMA = {
-    "benchmark": "ifeval", "id": "punctuation:no_comma", "kwargs": {},
-    "sentence": "In your entire response, refrain from the use of any commas.", "anchor": None,
+    "benchmark": "ifeval",
+    "id": "punctuation:no_comma",
+    "kwargs": {},
+    "sentence": "In your entire response, refrain from the use of any commas.",
+    "anchor": None,
 }
 FLOOR = {
-    "benchmark": "ifeval", "id": "length_constraints:number_words",
+    "benchmark": "ifeval",
+    "id": "length_constraints:number_words",
     "kwargs": {"num_words": 8, "relation": "at least"},
-    "sentence": "Answer with at least 8 words.", "anchor": "min_words",
+    "sentence": "Answer with at least 8 words.",
+    "anchor": "min_words",
 }
 END = {
-    "benchmark": "ifeval", "id": "startend:end_checker",
+    "benchmark": "ifeval",
+    "id": "startend:end_checker",
     "kwargs": {"end_phrase": "Any other questions?"},
     "sentence": "Finish your response with this exact phrase Any other questions?. No other words "
     "should follow this phrase.",
@@ -97,9 +103,7 @@ def test_evidence_is_the_sentence_and_removal_keeps_the_rest() -> None:
             assert ev == Evidence(sentences[k], "in_prompt")
             assert prompt.count(ev.text) == 1
             rest = prompt.replace(ev.text, "", 1)
-            assert rest.startswith(base) and all(
-                rest.count(s) == 1 for j, s in enumerate(sentences) if j != k
-            )
+            assert rest.startswith(base) and all(rest.count(s) == 1 for j, s in enumerate(sentences) if j != k)
     # benchmark prompts carry no sentence: no evidence, but still scored
     ev_ex = task.load("eval", limit=1)[0]
     assert vs[0].evidence(ev_ex) is None and vs[0]("x", ev_ex) in (0.0, 1.0)
@@ -131,11 +135,11 @@ def test_evaluate_hand_computed() -> None:
     assert r["prompt_level_strict"] == 0.5 and r["prompt_level_loose"] == 1.0
     assert r["instruction_level_strict"] == pytest.approx(2 / 3)
     assert r["instruction_level_loose"] == 1.0
-    assert r["per_instruction"]["ifeval/startend:end_checker"] == {
-        "n": 1, "strict": 0.0, "loose": 1.0
-    }
+    assert r["per_instruction"]["ifeval/startend:end_checker"] == {"n": 1, "strict": 0.0, "loose": 1.0}
     assert r["per_prompt"][1] == {
-        "id": "t-1", "instructions": ["ifeval/startend:end_checker"], "strict": [False],
+        "id": "t-1",
+        "instructions": ["ifeval/startend:end_checker"],
+        "strict": [False],
         "loose": [True],
     }
     json.dumps(r)
@@ -172,6 +176,4 @@ def test_evidence_in_the_chat_templated_prompt() -> None:
         for ev in evs:
             stripped = stripped.replace(ev.text, "", 1)
         assert ex.meta["base_task"] in stripped
-        assert stripped.startswith("<|im_start|>user\n") and stripped.endswith(
-            "<|im_end|>\n<|im_start|>assistant\n"
-        )
+        assert stripped.startswith("<|im_start|>user\n") and stripped.endswith("<|im_end|>\n<|im_start|>assistant\n")

@@ -60,9 +60,14 @@ def _constraint(cid, **kwargs):
     return {"benchmark": "ifeval", "id": cid, "kwargs": kwargs}
 
 
-@pytest.mark.parametrize("text", ['Sure.\nIs there anything else I can help with?  ',
-                                  '"Sure. Is there anything else I can help with?"\n',
-                                  'Sure. This answer ends otherwise, with no phrase at all.'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Sure.\nIs there anything else I can help with?  ",
+        '"Sure. Is there anything else I can help with?"\n',
+        "Sure. This answer ends otherwise, with no phrase at all.",
+    ],
+)
 def test_end_phrase_span_is_what_the_checker_compares(text):
     phrase = "Is there anything else I can help with?"
     c = _constraint("startend:end_checker", end_phrase=phrase)
@@ -88,33 +93,52 @@ def test_keyword_forbidden_postscript_and_title_spans():
 
 
 def test_instruction_spans_follow_the_slots():
-    ex = Example(id="x", split="train", messages=[{"role": "user", "content": "p"}],
-                 gold={"constraints": [_constraint("change_case:english_lowercase"),
-                                       _constraint("keywords:existence", keywords=["tea"])]})
+    ex = Example(
+        id="x",
+        split="train",
+        messages=[{"role": "user", "content": "p"}],
+        gold={
+            "constraints": [
+                _constraint("change_case:english_lowercase"),
+                _constraint("keywords:existence", keywords=["tea"]),
+            ]
+        },
+    )
     spans = instruction_spans(ex, "I like tea.", [f"constraint_{k}" for k in range(1, 6)])
     assert spans == [("constraint_2", "keyword", [(7, 10)])]
 
 
 # ----------------------------------------------------------------------------- toolcall, sql
 def _toolcall_example():
-    return Example(id="t", split="train", messages=[{"role": "user", "content": "weather?"}],
-                   gold={"ground_truth": [{"get_weather": {"city": ["Paris"], "unit": ["C", ""]}}]},
-                   meta={"functions": [{"name": "get_weather", "parameters": {"properties": {"city": {}, "unit": {}},
-                                                                               "required": ["city"]}}]})
+    return Example(
+        id="t",
+        split="train",
+        messages=[{"role": "user", "content": "weather?"}],
+        gold={"ground_truth": [{"get_weather": {"city": ["Paris"], "unit": ["C", ""]}}]},
+        meta={
+            "functions": [
+                {"name": "get_weather", "parameters": {"properties": {"city": {}, "unit": {}}, "required": ["city"]}}
+            ]
+        },
+    )
 
 
 def test_toolcall_wrong_argument_value_span():
     text = 'Here: {"name": "get_weather", "arguments": {"city": "paris", "unit": "F", "extra": 1}}'
-    spans = dict((kind, [text[a:b] for a, b in s])
-                 for _, kind, s in toolcall_spans(_toolcall_example(), text, ["format", "correctness"]))
+    spans = dict(
+        (kind, [text[a:b] for a, b in s])
+        for _, kind, s in toolcall_spans(_toolcall_example(), text, ["format", "correctness"])
+    )
     assert spans == {"argument value": ['"paris"', '"F"'], "wrong argument value": ['"F"']}  # BFCL case-folds strings
     assert toolcall_spans(_toolcall_example(), "no call at all", ["format", "correctness"]) == []
 
 
 def test_sql_spans():
     text = "The answer:\n```sql\nSELECT count(*) FROM pets\n```\nDone."
-    spans = {(name, kind): [text[a:b] for a, b in s]
-             for name, kind, s in sql_spans(None, text, ["format", "executes", "result"])}
+    spans = {
+        (name, kind): [text[a:b] for a, b in s]
+        for name, kind, s in sql_spans(None, text, ["format", "executes", "result"])
+    }
     assert spans[("format", "code fence")] == ["```sql", "```"]
     assert spans[("executes", "SQL query")] == spans[("result", "SQL query")] == ["SELECT count(*) FROM pets"]
 
@@ -137,9 +161,30 @@ def test_token_offsets_cover_the_decoded_text():
 def test_lift_bench_runs_and_uniform_methods_have_lift_one(tiny_model_dir, tmp_path):
     out = tmp_path / "lift.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "mrtpo.cli", "bench", "lift", "--model", str(tiny_model_dir), "--task", "instructions",
-         "--prompts", "5", "--group-size", "2", "--max-new-tokens", "12", "--dtype", "float32", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "mrtpo.cli",
+            "bench",
+            "lift",
+            "--model",
+            str(tiny_model_dir),
+            "--task",
+            "instructions",
+            "--prompts",
+            "5",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())

@@ -363,12 +363,13 @@ def test_tiny_policy_forward_generate_template():
 
     out = model.generate(**enc, max_new_tokens=8, do_sample=False)
     assert out.shape[1] > len(ids) and out.shape[1] <= len(ids) + 8
-    new = out[0, len(ids):]
+    new = out[0, len(ids) :]
     assert torch.equal(new[0], logits[0, -1].argmax())  # greedy = argmax of the last logit
     tok.decode(new)  # every id the model can emit decodes
 
     with_tools = tok.apply_chat_template(
-        [{"role": "user", "content": "x"}], tools=[{"type": "function", "function": {"name": "f"}}],
+        [{"role": "user", "content": "x"}],
+        tools=[{"type": "function", "function": {"name": "f"}}],
         tokenize=False,
     )
     assert with_tools.startswith('<|im_start|>system\n# Tools\n<tools>\n{"type": "function"')
@@ -405,12 +406,15 @@ def test_tiny_tokenizer_vocab_padding_and_batching():
 
 def _greedy(model, tok, text, n=24, **kw):
     enc = tok.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True,
-        return_tensors="pt", return_dict=True, **kw,
+        [{"role": "user", "content": text}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+        **kw,
     )
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=n, do_sample=False)
-    return enc, tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return enc, tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 @pytest.mark.slow  # the GGUF conversion takes 20-45 s on the shared 2-core machine
@@ -468,12 +472,19 @@ def test_qwen_default_preset_through_cache(tmp_path):
     assert rec["sha256"] == preset.sha256
     assert type(model).__name__ == "Qwen2ForCausalLM" and model.dtype == torch.bfloat16
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "Weather in Paris?"}], tools=tools,
-        add_generation_prompt=True, tokenize=False)
+        [{"role": "user", "content": "Weather in Paris?"}], tools=tools, add_generation_prompt=True, tokenize=False
+    )
     assert "<tools>" in prompt and '"name": "get_weather"' in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
     _, answer = _greedy(model, tok, "Weather in Paris?", n=40, tools=tools)

@@ -111,8 +111,9 @@ def test_known_positions_from_gym_ground_truth_and_from_checked_spans():
     start = tok.convert_tokens_to_ids("<|im_start|>")
     shifted = known_position_mask(verifiers, [ex], [text], [ids[:2] + [start] + ids[2:]], width=12, tokenizer=tok)
     for k, v in enumerate(verifiers):
-        assert shifted[0, k].nonzero().flatten().tolist() == [p + (p >= 2) for p in v.positions(words, ex)
-                                                              if p + (p >= 2) < 12]
+        assert shifted[0, k].nonzero().flatten().tolist() == [
+            p + (p >= 2) for p in v.positions(words, ex) if p + (p >= 2) < 12
+        ]
 
     class Plain:  # a reward known only through its task's checked spans
         name = "c1"
@@ -129,12 +130,37 @@ def test_known_positions_from_gym_ground_truth_and_from_checked_spans():
 def test_train_with_the_oracle_on_the_gym(tmp_path):
     env = {**os.environ, "MRTPO_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "mrtpo.cli", "train", "--task", "gym-constraints", "--model", "gym",
-                        "--method", "oracle", "--output-dir", str(out),
-                        "task_args={policy: {steps: 3, batch_size: 8}}", "lam=1.0", "w_max=null", "max_steps=2",
-                        "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=24",
-                        "credit_samples=8", "report=false", "save_strategy=no"],
-                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mrtpo.cli",
+            "train",
+            "--task",
+            "gym-constraints",
+            "--model",
+            "gym",
+            "--method",
+            "oracle",
+            "--output-dir",
+            str(out),
+            "task_args={policy: {steps: 3, batch_size: 8}}",
+            "lam=1.0",
+            "w_max=null",
+            "max_steps=2",
+            "num_generations=4",
+            "per_device_train_batch_size=8",
+            "max_completion_length=24",
+            "credit_samples=8",
+            "report=false",
+            "save_strategy=no",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     task = get_task("gym-constraints")
     examples = {e.id: e for e in task.load("train")}

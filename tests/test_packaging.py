@@ -86,8 +86,9 @@ def _pip(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull  # no machine-wide index, wheel folder or constraints
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    return subprocess.run([sys.executable, "-m", "pip", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _top_levels(dist: md.Distribution) -> set[str]:
@@ -112,9 +113,12 @@ def test_the_wheel_installs_with_an_extra_into_a_fresh_venv_offline(tmp_path):
     pins = _constraints()
     wanted = [f"{d}=={pins[d]}" for d in extra] + [f"if-verifiable=={pins['if-verifiable']}"]
     # pip wheel, not download: an sdist-only package (langdetect) becomes a wheel the offline install can use.
-    got = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-                          *wanted],
-                         capture_output=True, text=True, timeout=600)
+    got = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), *wanted],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if got.returncode:
         pytest.skip(f"cannot fetch the extra's wheels for the local folder: {got.stderr[-500:]}")
 
@@ -139,14 +143,29 @@ def test_the_wheel_installs_with_an_extra_into_a_fresh_venv_offline(tmp_path):
     before = subprocess.run([str(python), "-c", "import nltk"], capture_output=True, text=True)
     assert before.returncode != 0  # the extra's packages are really missing before the install
 
-    installed = _pip("--python", str(python), "install", "--no-index", "--find-links", str(wheels),
-                     f"mrtpo[instructions] @ {wheel.as_uri()}")
+    installed = _pip(
+        "--python",
+        str(python),
+        "install",
+        "--no-index",
+        "--find-links",
+        str(wheels),
+        f"mrtpo[instructions] @ {wheel.as_uri()}",
+    )
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
-    probe = ("import mrtpo, nltk, punkt, langdetect; from mrtpo.tasks import get_task; "
-             "from mrtpo.tasks.instructions import checkers; task = get_task('instructions'); "
-             "print(mrtpo.__file__); print(nltk.__file__); print(type(task).__name__)")
-    ran = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={**os.environ, "MRTPO_NLTK_DATA": str(tmp_path / "nltk_data")})
+    probe = (
+        "import mrtpo, nltk, punkt, langdetect; from mrtpo.tasks import get_task; "
+        "from mrtpo.tasks.instructions import checkers; task = get_task('instructions'); "
+        "print(mrtpo.__file__); print(nltk.__file__); print(type(task).__name__)"
+    )
+    ran = subprocess.run(
+        [str(python), "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "MRTPO_NLTK_DATA": str(tmp_path / "nltk_data")},
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     mrtpo_file, nltk_file, task_class = ran.stdout.split()[-3:]
     assert mrtpo_file.startswith(str(venv_site)) and nltk_file.startswith(str(venv_site))

@@ -30,9 +30,9 @@ def test_pack_lays_out_segments_positions_labels_and_the_block_mask_by_hand():
     assert batch.labels.tolist() == [[-100, -100, 4, 5, 6]]
     assert batch.index.tolist() == [[2, 3], [4, 0]] and batch.valid.tolist() == [[True, True], [True, False]]
     seen = batch.attention[0, 0].int().tolist()
-    assert seen[3] == [1, 1, 1, 1, 0]   # the first segment's second token: prefix and its own segment
-    assert seen[4] == [1, 1, 0, 0, 1]   # the second segment sees the prefix, not the first segment
-    assert seen[0] == [1, 0, 0, 0, 0]   # the prefix is causal
+    assert seen[3] == [1, 1, 1, 1, 0]  # the first segment's second token: prefix and its own segment
+    assert seen[4] == [1, 1, 0, 0, 1]  # the second segment sees the prefix, not the first segment
+    assert seen[0] == [1, 0, 0, 0, 0]  # the prefix is causal
 
 
 def test_pack_pads_rows_and_numbers_completions_row_by_row():
@@ -92,8 +92,9 @@ def test_packed_replay_equals_the_padded_replay_in_one_call_per_pass(kind, group
     groups = _groups()
     padded, packed = ForwardCounter(), ForwardCounter()
     ref = batch_relevance(model, groups, kind=kind, groups_per_pass=groups_per_pass, counter=padded, with_entropy=True)
-    got = batch_relevance(model, groups, kind=kind, groups_per_pass=groups_per_pass, counter=packed, with_entropy=True,
-                          packed=True)
+    got = batch_relevance(
+        model, groups, kind=kind, groups_per_pass=groups_per_pass, counter=packed, with_entropy=True, packed=True
+    )
     for a, b in zip(ref, got):
         torch.testing.assert_close(b.maps, a.maps, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(b.entropy, a.entropy, atol=1e-5, rtol=1e-4)

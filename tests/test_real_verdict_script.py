@@ -82,8 +82,14 @@ def test_dry_run_prints_the_pending_runs_and_writes_nothing(tmp_path):
     (digests / "cpu").mkdir(parents=True)
     (digests / "cpu" / "tune-gdpo-lr1e-5-seed100.json").write_text(json.dumps({"learning_rate": 1e-5}))
     command = [sys.executable, str(SCRIPT), "run", "--dry-run", "--digests", str(digests), "--runs", str(runs)]
-    r = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if "bench learn" in line]
     assert len(lines) == 11  # the 12 tuning runs less the one whose digest exists; verdict runs wait
@@ -102,12 +108,29 @@ def test_digest_of_a_run_folder(rv, tmp_path):
     examples = {e.id: e for e in held}
     inner = tmp_path / "gdpo-seed3"
     inner.mkdir()
-    (inner / "finished.json").write_text(json.dumps({"steps": 2, "wall_s": 9.0, "train_s": 7.0, "eval_s": 1.0,
-                                                     "date": "2026-12-07", "settings": {"max_steps": 2}}))
-    (inner / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
-        {"step": 1, "reward": 1.0, "rewards/constraint_1/mean": 0.5, "time/update": 2.0, "loss": 0.1},
-        {"step": 2, "reward": 2.0, "rewards/constraint_1/mean": 1.0, "time/update": 3.0},
-        {"train_runtime": 5.0})) + "\n")
+    (inner / "finished.json").write_text(
+        json.dumps(
+            {
+                "steps": 2,
+                "wall_s": 9.0,
+                "train_s": 7.0,
+                "eval_s": 1.0,
+                "date": "2026-12-07",
+                "settings": {"max_steps": 2},
+            }
+        )
+    )
+    (inner / "metrics.jsonl").write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                {"step": 1, "reward": 1.0, "rewards/constraint_1/mean": 0.5, "time/update": 2.0, "loss": 0.1},
+                {"step": 2, "reward": 2.0, "rewards/constraint_1/mean": 1.0, "time/update": 3.0},
+                {"train_runtime": 5.0},
+            )
+        )
+        + "\n"
+    )
 
     def kw(e, cid, key):
         return next(c["kwargs"][key] for c in e.gold["constraints"] if c["id"] == cid)
@@ -117,21 +140,32 @@ def test_digest_of_a_run_folder(rv, tmp_path):
         return f"{words}.\n\n{kw(e, 'detectable_content:postscript', 'postscript_marker')} ok"
 
     forbidden = kw(held[1], "keywords:forbidden_words", "forbidden_words")[0]
-    outputs = [{"step": 0, "id": held[0].id, "output": "nothing"},  # only the forbidden-word constraint
-               {"step": 0, "id": held[1].id, "output": "nothing"},
-               {"step": 2, "id": held[0].id, "output": meets_all(held[0])},  # all three
-               {"step": 2, "id": held[1].id, "output": f"{forbidden} {meets_all(held[1])}"}]  # two of three
+    outputs = [
+        {"step": 0, "id": held[0].id, "output": "nothing"},  # only the forbidden-word constraint
+        {"step": 0, "id": held[1].id, "output": "nothing"},
+        {"step": 2, "id": held[0].id, "output": meets_all(held[0])},  # all three
+        {"step": 2, "id": held[1].id, "output": f"{forbidden} {meets_all(held[1])}"},
+    ]  # two of three
     (inner / "eval_outputs.jsonl").write_text("\n".join(json.dumps(o) for o in outputs) + "\n")
-    run = {"name": "verdict-gdpo-seed3", "phase": "verdict", "role": "baseline", "method": "gdpo", "seed": 3,
-           "learning_rate": 3e-5}
+    run = {
+        "name": "verdict-gdpo-seed3",
+        "phase": "verdict",
+        "role": "baseline",
+        "method": "gdpo",
+        "seed": 3,
+        "learning_rate": 3e-5,
+    }
     d = rv.digest(run, tmp_path, examples, {"summary": "a CPU", "cpu": "Xeon", "cpu_flags": ["amx_bf16"]})
     assert d["train"]["step"] == [1, 2] and d["train"]["reward"] == [1.0, 2.0]
     assert d["train"]["time/update"] == [2.0, 3.0] and "loss" not in d["train"]
     assert [h["step"] for h in d["held_out"]] == [0, 2]
     assert d["held_out"][0]["satisfaction"] == pytest.approx(2 / 6) and d["held_out"][0]["prompt_all"] == 0.0
     assert d["held_out"][1]["satisfaction"] == pytest.approx(5 / 6) and d["held_out"][1]["prompt_all"] == 0.5
-    assert d["held_out"][1]["per_class"] == {"detectable_content:postscript": 1.0, "keywords:existence": 1.0,
-                                             "keywords:forbidden_words": 0.5}
+    assert d["held_out"][1]["per_class"] == {
+        "detectable_content:postscript": 1.0,
+        "keywords:existence": 1.0,
+        "keywords:forbidden_words": 0.5,
+    }
     assert d["held_out_auc"] == pytest.approx((2 / 6 + 5 / 6) / 2)
     assert d["machine"]["cpu"] == "Xeon" and d["cpu_flags"] == ["amx_bf16"] and d["learning_rate"] == 3e-5
 
@@ -149,8 +183,12 @@ def test_presets_resolve_to_the_designs_shape(rv, machine):
     train, bench = read_preset(design["presets"][machine], design["task"])
     cpu_only = {"use_cpu": True, "bf16": False} if machine == "gpu" else {}
     config = load_config([], {**train, **cpu_only, "task": design["task"], "method": "gdpo", "seed": 0})
-    shape = (config.args.per_device_train_batch_size // config.args.num_generations, config.args.num_generations,
-             config.args.max_completion_length, config.args.max_steps)
+    shape = (
+        config.args.per_device_train_batch_size // config.args.num_generations,
+        config.args.num_generations,
+        config.args.max_completion_length,
+        config.args.max_steps,
+    )
     assert shape == {"cpu": (2, 8, 64, 120), "gpu": (4, 8, 128, 100)}[machine]
     assert config.run.lora_r == 16 and config.run.model == "qwen2.5-coder-0.5b"
     # held-out at 4 points: 0, every eval_every, and the end
@@ -163,10 +201,24 @@ def test_presets_resolve_to_the_designs_shape(rv, machine):
 
 def test_gpu_check_runs_the_verdict_on_the_gpu_preset(tmp_path):
     """``scripts/gpu_check.sh --verdict`` hands its arguments to the script with the GPU preset."""
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--verdict", "--dry-run", "--limit", "2",
-                        "--digests", str(tmp_path / "d"), "--runs", str(tmp_path / "r")],
-                       capture_output=True, text=True, timeout=120,
-                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "gpu_check.sh"),
+            "--verdict",
+            "--dry-run",
+            "--limit",
+            "2",
+            "--digests",
+            str(tmp_path / "d"),
+            "--runs",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if "bench learn" in line]
     assert len(lines) == 2 and all("real-verdict-gpu.yaml" in line for line in lines)
@@ -177,8 +229,13 @@ def test_compare_pairs_by_seed_and_applies_the_rule(rv):
     design = rv.read_design()
 
     def d(role, seed, auc, final):
-        return {"phase": "verdict", "role": role, "seed": seed, "held_out_auc": auc,
-                "held_out": [{"satisfaction": 0.0}, {"satisfaction": final}]}
+        return {
+            "phase": "verdict",
+            "role": role,
+            "seed": seed,
+            "held_out_auc": auc,
+            "held_out": [{"satisfaction": 0.0}, {"satisfaction": final}],
+        }
 
     digests = {}
     for seed, (g, t) in enumerate(((0.30, 0.40), (0.20, 0.26), (0.25, 0.33))):  # differences 0.10, 0.06, 0.08
@@ -187,7 +244,7 @@ def test_compare_pairs_by_seed_and_applies_the_rule(rv):
     result = rv.compare(design, digests)
     auc = result["treatment-gdpo"]["auc"]
     assert auc["n"] == 3 and auc["mean_difference"] == pytest.approx(0.08)
-    half = 4.302653 * 0.02 / 3 ** 0.5  # t(0.975, 2) x sd 0.02 / sqrt(3)
+    half = 4.302653 * 0.02 / 3**0.5  # t(0.975, 2) x sd 0.02 / sqrt(3)
     assert auc["ci95"] == pytest.approx([0.08 - half, 0.08 + half], rel=1e-4)
     assert result["verdict"] == "token credit wins (provisional: 3 of 8 pairs)"
     assert result["treatment-control"]["auc"]["n"] == 0

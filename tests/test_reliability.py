@@ -24,8 +24,14 @@ from mrtpo.train import main
 from mrtpo.trainer.metrics import json_line, trim_jsonl
 
 FLAGS = ["--task", "gym-constraints", "--model", "gym"]
-KEYS = ["task_args={policy: {steps: 3, batch_size: 8}}", "num_generations=4", "per_device_train_batch_size=8",
-        "max_completion_length=24", "report=false", "save_steps=1"]
+KEYS = [
+    "task_args={policy: {steps: 3, batch_size: 8}}",
+    "num_generations=4",
+    "per_device_train_batch_size=8",
+    "max_completion_length=24",
+    "report=false",
+    "save_steps=1",
+]
 VOLATILE = ("time", "step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 
 
@@ -63,6 +69,7 @@ def run(finished, tmp_path):
 @pytest.fixture
 def no_model(monkeypatch):
     """Loading a model (``build_trainer``) fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
@@ -80,14 +87,16 @@ def one_error_line(capsys, *, loaded: bool = False) -> str:
     assert "Traceback" not in out + err
     lines = [line for line in err.splitlines() if line.strip()]
     if loaded:
-        lines = [line[line.index("mrtpo train: "):] for line in lines if "mrtpo train: " in line]
+        lines = [line[line.index("mrtpo train: ") :] for line in lines if "mrtpo train: " in line]
     assert len(lines) == 1 and lines[0].startswith("mrtpo train: error: "), err
     return lines[0]
 
 
 def records(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE and not k.startswith(("time/", "memory/"))}
-            for line in path.read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in VOLATILE and not k.startswith(("time/", "memory/"))}
+        for line in path.read_text().splitlines()
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,8 +113,12 @@ BAD_INPUTS = [
     (["--max-steps", "0"], [], "max_steps must be >= 1, got 0"),
     (["--max-steps", "-5"], [], "max_steps must be >= 1, got -5"),
     ([], ["num_generations=1"], "num_generations must be >= 2"),
-    ([], ["num_generations=3"], "per_device_train_batch_size x gradient_accumulation_steps x processes (8 x 1 x 1) "
-                                "must be divisible by num_generations (3)"),
+    (
+        [],
+        ["num_generations=3"],
+        "per_device_train_batch_size x gradient_accumulation_steps x processes (8 x 1 x 1) "
+        "must be divisible by num_generations (3)",
+    ),
     ([], ["top_p=0"], "top_p must be in (0, 1] and min_p in [0, 1], got 0.0 and None"),
     ([], ["lora_dropout=1.5"], "lora_dropout must be in [0, 1), got 1.5"),
     ([], ["save_steps=0"], "save_steps must be > 0, got 0"),
@@ -122,8 +135,11 @@ BAD_INPUTS = [
     ([], ["task_args={train_size: 0, policy: {steps: 3}}"], "task 'gym-constraints' has no train examples"),
     ([], ["task_args={p_follow: 2}"], "do not fit task 'gym-constraints': p_follow must be in [0, 1], got 2"),
     ([], ["task_args={policy: {stepz: 3}}"], "does not fit the gym policy"),
-    ([], [], "already holds a run (README.md, checkpoint-1, checkpoint-2, checkpoint-3, ...): "
-             "continue it with --resume"),
+    (
+        [],
+        [],
+        "already holds a run (README.md, checkpoint-1, checkpoint-2, checkpoint-3, ...): continue it with --resume",
+    ),
     (["--resume", "--overwrite"], [], "--overwrite starts a new run; it cannot be combined with --resume"),
     (["--resume"], ["learning_rate=0"], "learning_rate must be > 0, got 0"),
     (["--resume"], ["temperature=0"], "temperature must be > 0, got 0"),
@@ -150,15 +166,23 @@ def test_an_unwritable_output_folder_is_one_line(tmp_path, no_model, capsys):
         assert "cannot write to the output folder" in one_error_line(capsys)
 
 
-@pytest.mark.parametrize("body, message", [
-    ("raise RuntimeError('boom')", "MRTPO_PLUGINS module 'bad_plugin' raised RuntimeError while importing: boom"),
-    ("import no_such_module_anywhere", "MRTPO_PLUGINS names 'bad_plugin', which does not import"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("raise RuntimeError('boom')", "MRTPO_PLUGINS module 'bad_plugin' raised RuntimeError while importing: boom"),
+        ("import no_such_module_anywhere", "MRTPO_PLUGINS names 'bad_plugin', which does not import"),
+    ],
+)
 def test_a_failing_plugin_names_mrtpo_plugins_and_the_module(tmp_path, body, message):
     (tmp_path / "bad_plugin.py").write_text(body + "\n")
     env = {**os.environ, "MRTPO_PLUGINS": "bad_plugin", "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "mrtpo.cli", "train", "--list-keys"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "mrtpo.cli", "train", "--list-keys"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert [line for line in done.stderr.splitlines() if line.strip()] == [done.stderr.strip()]
     assert message in done.stderr
@@ -315,10 +339,13 @@ def test_a_half_written_checkpoint_is_passed_over_with_a_note(run, finished, cap
     _assert_same_as_finished(run, finished)
 
 
-@pytest.mark.parametrize("name, where", [("model.safetensors", ""), ("optimizer.pt", ""), ("rng_state.pth", ""),
-                                         ("trainer_state.json", "checkpoint-3")])
-def test_a_truncated_checkpoint_file_is_one_line_naming_it_and_the_previous_checkpoint(run, no_model, capsys, name,
-                                                                                      where):
+@pytest.mark.parametrize(
+    "name, where",
+    [("model.safetensors", ""), ("optimizer.pt", ""), ("rng_state.pth", ""), ("trainer_state.json", "checkpoint-3")],
+)
+def test_a_truncated_checkpoint_file_is_one_line_naming_it_and_the_previous_checkpoint(
+    run, no_model, capsys, name, where
+):
     damaged = run / "checkpoint-3" / name
     damaged.write_bytes(damaged.read_bytes()[:-7])
     before = snapshot(run)
@@ -331,8 +358,9 @@ def test_a_truncated_checkpoint_file_is_one_line_naming_it_and_the_previous_chec
 
 def test_a_checkpoint_of_another_run_is_refused_naming_the_settings(run, no_model, capsys):
     config = run / "config.yaml"  # as an older mrtpo left it: a fresh run rewrote config.yaml, kept checkpoint-3
-    config.write_text(config.read_text().replace("learning_rate: 2.0e-06", "learning_rate: 0.001")
-                      .replace("seed: 42", "seed: 7"))
+    config.write_text(
+        config.read_text().replace("learning_rate: 2.0e-06", "learning_rate: 0.001").replace("seed: 42", "seed: 7")
+    )
     before = snapshot(run)
     assert train(run, "--resume") == 2
     line = one_error_line(capsys)

@@ -49,15 +49,18 @@ def export_error(capsys, *argv) -> str:
 # --------------------------------------------------------------------------------------------
 # 1. Output folders export may not replace.
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("where, why", [
-    ("run", "is a run folder"),  # --output-dir RUN --overwrite deleted the run, then crashed
-    ("parent", "holds a run"),  # ... and the parent case every other run and file in it
-    ("run/model", "is inside the run folder"),
-    ("run/checkpoint-1", "is a checkpoint"),
-    ("run/checkpoint-1/sub", "is inside the checkpoint"),
-    ("other", "holds files mrtpo export did not write"),
-    ("file.txt", "is a file"),
-])
+@pytest.mark.parametrize(
+    "where, why",
+    [
+        ("run", "is a run folder"),  # --output-dir RUN --overwrite deleted the run, then crashed
+        ("parent", "holds a run"),  # ... and the parent case every other run and file in it
+        ("run/model", "is inside the run folder"),
+        ("run/checkpoint-1", "is a checkpoint"),
+        ("run/checkpoint-1/sub", "is inside the checkpoint"),
+        ("other", "holds files mrtpo export did not write"),
+        ("file.txt", "is a file"),
+    ],
+)
 def test_export_refuses_an_output_that_is_or_holds_a_run_or_other_files(tmp_path, capsys, where, why):
     run = make_run(tmp_path / "run")
     (tmp_path / "other").mkdir()
@@ -83,8 +86,9 @@ def test_export_replaces_only_its_own_earlier_export(tmp_path, capsys):
     assert export_model(run) == run / "export"
     assert export_model(run, overwrite=True) == run / "export"
     (dest / "mine.txt").write_text("added by hand")  # an export with files of the user's: not replaced
-    assert "holds files mrtpo export did not write (mine.txt)" in export_error(capsys, run, "--output-dir", dest,
-                                                                                "--overwrite")
+    assert "holds files mrtpo export did not write (mine.txt)" in export_error(
+        capsys, run, "--output-dir", dest, "--overwrite"
+    )
 
 
 def test_a_full_disk_while_exporting_is_one_line_and_leaves_no_partial_output(tmp_path, capsys, monkeypatch):
@@ -120,8 +124,9 @@ BAD_NUMBERS = [
 ]
 
 
-@pytest.mark.parametrize("settings, message", BAD_NUMBERS, ids=[next(iter(s)) + str(i) for i, (s, _) in
-                                                                 enumerate(BAD_NUMBERS)])
+@pytest.mark.parametrize(
+    "settings, message", BAD_NUMBERS, ids=[next(iter(s)) + str(i) for i, (s, _) in enumerate(BAD_NUMBERS)]
+)
 def test_a_bad_number_is_refused_by_the_python_api(settings, message):
     from mrtpo.trainer.config import MRTPOConfig
 
@@ -130,8 +135,9 @@ def test_a_bad_number_is_refused_by_the_python_api(settings, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("settings, message", BAD_NUMBERS, ids=[next(iter(s)) + str(i) for i, (s, _) in
-                                                                 enumerate(BAD_NUMBERS)])
+@pytest.mark.parametrize(
+    "settings, message", BAD_NUMBERS, ids=[next(iter(s)) + str(i) for i, (s, _) in enumerate(BAD_NUMBERS)]
+)
 def test_a_bad_number_is_refused_by_the_config_layers(settings, message):
     with pytest.raises(ConfigError) as err:
         load_config([], {"task": "gym-constraints", "model": "gym", **settings})
@@ -152,8 +158,12 @@ def test_run_settings_must_be_finite(key, value):
         load_config([], {"task": "gym-constraints", "model": "gym", key: value})
 
 
-def write_task(folder: Path, weights: str = "1.0", reward: str = "return [1.0 for _ in completions]",
-               rows: str = '{"prompt": "say hi", "tags": ["a"]}\n' * 4) -> Path:
+def write_task(
+    folder: Path,
+    weights: str = "1.0",
+    reward: str = "return [1.0 for _ in completions]",
+    rows: str = '{"prompt": "say hi", "tags": ["a"]}\n' * 4,
+) -> Path:
     """A task file with one reward (``reward`` is its body) over ``rows`` (data.jsonl)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data.jsonl").write_text(rows)
@@ -174,8 +184,20 @@ def test_a_nan_weight_on_the_command_line_is_one_line_before_any_model_loads(tmp
     import mrtpo.train
 
     monkeypatch.setattr(mrtpo.train, "build_trainer", lambda *a, **k: pytest.fail("a model was loaded"))
-    assert mrtpo.train.main(["--task", "gym-constraints", "--model", "gym", "--output-dir", str(tmp_path / "run"),
-                             "reward_weights=[.nan, 1, 1]"]) == 2
+    assert (
+        mrtpo.train.main(
+            [
+                "--task",
+                "gym-constraints",
+                "--model",
+                "gym",
+                "--output-dir",
+                str(tmp_path / "run"),
+                "reward_weights=[.nan, 1, 1]",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "reward_weights must be finite, got [nan, 1, 1]" in err
     assert not (tmp_path / "run").exists()
@@ -185,8 +207,14 @@ def test_a_nan_weight_on_the_command_line_is_one_line_before_any_model_loads(tmp
 # 3. One writer per run folder.
 # --------------------------------------------------------------------------------------------
 GYM = ["--task", "gym-constraints", "--model", "gym"]
-GYM_KEYS = ["task_args={policy: {steps: 3, batch_size: 8}}", "num_generations=4", "per_device_train_batch_size=8",
-            "max_completion_length=24", "report=false", "save_steps=1"]
+GYM_KEYS = [
+    "task_args={policy: {steps: 3, batch_size: 8}}",
+    "num_generations=4",
+    "per_device_train_batch_size=8",
+    "max_completion_length=24",
+    "report=false",
+    "save_steps=1",
+]
 
 
 @pytest.fixture
@@ -220,10 +248,19 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path, capsys):
     import mrtpo.train
 
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from mrtpo.run_folder import lock_run_folder; lock_run_folder(Path(sys.argv[1])); "
-                               "print('locked', flush=True); time.sleep(60)", str(out)],
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": "src"})
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from mrtpo.run_folder import lock_run_folder; lock_run_folder(Path(sys.argv[1])); "
+            "print('locked', flush=True); time.sleep(60)",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": "src"},
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert mrtpo.train.main([*GYM, "--output-dir", str(out), *GYM_KEYS]) == 2
@@ -271,11 +308,22 @@ def test_processes_of_one_run_do_not_refuse_each_other(tmp_path, monkeypatch):
 @pytest.mark.slow  # two subprocesses that import torch and train: ~50 s on a shared 2-core machine
 def test_two_runs_started_together_never_share_a_folder(tmp_path, gym_cache):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "mrtpo.cli", "train", *GYM, "--output-dir", str(out), "--max-steps", "2",
-               *GYM_KEYS]
+    command = [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "train",
+        *GYM,
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        *GYM_KEYS,
+    ]
     env = {**os.environ, "PYTHONPATH": "src", "OMP_NUM_THREADS": "1"}
-    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)]
+    runs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
     assert sorted(code for code, _ in results) == [0, 2], results
     refused = next(err for code, err in results if code == 2)
@@ -303,8 +351,11 @@ def slow_trainer(timeout):
         await asyncio.sleep(5)
         return [1.0] * len(completions)
 
-    return SimpleNamespace(reward_funcs=[fast, slow, slow_async], reward_func_names=["fast", "slow", "slow_async"],
-                           args=SimpleNamespace(reward_timeout=timeout))
+    return SimpleNamespace(
+        reward_funcs=[fast, slow, slow_async],
+        reward_func_names=["fast", "slow", "slow_async"],
+        args=SimpleNamespace(reward_timeout=timeout),
+    )
 
 
 def test_a_reward_past_its_deadline_is_named_and_progress_is_shown(monkeypatch, capsys):
@@ -319,8 +370,11 @@ def test_a_reward_past_its_deadline_is_named_and_progress_is_shown(monkeypatch, 
         fast, slow, slow_async = trainer.reward_funcs
         assert fast(completions=["a", "b"]) == [1.0, 1.0]
         t0 = time.monotonic()
-        with pytest.raises(RewardTimeoutError, match=r"reward function 'slow' did not return within reward_timeout "
-                                                     r"\(0.5 s\)"):
+        with pytest.raises(
+            RewardTimeoutError,
+            match=r"reward function 'slow' did not return within reward_timeout "
+            r"\(0.5 s\)",
+        ):
             slow(completions=["a"])
         assert time.monotonic() - t0 < 2
         assert "scoring: reward function 'slow' still running after 0." in capsys.readouterr().err
@@ -378,8 +432,12 @@ def test_a_slow_reward_stops_training_with_one_line_naming_it(tmp_path, gym_cach
     original = ConstraintsTask.verifiers
     monkeypatch.setattr(ConstraintsTask, "verifiers", lambda self: [*original(self), Slow()])
     t0 = time.monotonic()
-    assert mrtpo.train.main([*GYM, "--output-dir", str(tmp_path / "run"), "--max-steps", "2", *GYM_KEYS,
-                             "reward_timeout=1"]) == 2
+    assert (
+        mrtpo.train.main(
+            [*GYM, "--output-dir", str(tmp_path / "run"), "--max-steps", "2", *GYM_KEYS, "reward_timeout=1"]
+        )
+        == 2
+    )
     assert time.monotonic() - t0 < 30
     err = [line for line in capsys.readouterr().err.splitlines() if "mrtpo train: error" in line]
     assert len(err) == 1 and "reward function 'sleepy' did not return within reward_timeout (1.0 s)" in err[0]
@@ -416,9 +474,10 @@ def test_task_fingerprint_hashes_the_task_file_reward_sources_and_data(tmp_path)
 
     task = write_task(tmp_path / "t")
     pin = task_fingerprint(str(task))
-    assert pin == {f"{kind} {name}": hashlib.sha256((tmp_path / "t" / name).read_bytes()).hexdigest()
-                   for kind, name in (("task file", "task.yaml"), ("reward source", "rewards.py"),
-                                      ("dataset", "data.jsonl"))}
+    assert pin == {
+        f"{kind} {name}": hashlib.sha256((tmp_path / "t" / name).read_bytes()).hexdigest()
+        for kind, name in (("task file", "task.yaml"), ("reward source", "rewards.py"), ("dataset", "data.jsonl"))
+    }
     assert task_fingerprint("gym-constraints") == {}  # a built-in task is the package's code
 
 
@@ -427,8 +486,17 @@ def test_resume_stops_when_the_task_changed_unless_allowed(tiny_dir, tmp_path, o
 
     task = write_task(tmp_path / "t")
     out = tmp_path / "run"
-    base = ["--task", str(task), "--model", str(tiny_dir), "report=false", "max_completion_length=6", "save_steps=1",
-            "--method", "gdpo"]  # a task file whose reward declares no evidence: GDPO
+    base = [
+        "--task",
+        str(task),
+        "--model",
+        str(tiny_dir),
+        "report=false",
+        "max_completion_length=6",
+        "save_steps=1",
+        "--method",
+        "gdpo",
+    ]  # a task file whose reward declares no evidence: GDPO
     assert mrtpo.train.main([*base, "--output-dir", str(out), "--max-steps", "1"]) == 0
     assert json.loads((out / "task_pin.json").read_text())["files"]["reward source rewards.py"]
     (tmp_path / "t" / "rewards.py").write_text("def r(completions, **kwargs):\n    return [5.0 for _ in completions]\n")
@@ -438,8 +506,11 @@ def test_resume_stops_when_the_task_changed_unless_allowed(tiny_dir, tmp_path, o
     capsys.readouterr()
     assert mrtpo.train.main([*base, "--resume", str(out), "--max-steps", "2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "the task changed since this run started: reward source rewards.py, " \
-                                   "dataset data.jsonl" in err and "--allow-task-change" in err
+    assert (
+        err.count("\n") == 0
+        and "the task changed since this run started: reward source rewards.py, dataset data.jsonl" in err
+        and "--allow-task-change" in err
+    )
     assert snapshot(out) == before
     assert mrtpo.train.main([*base, "--resume", str(out), "--max-steps", "2", "--allow-task-change"]) == 0
     pin = json.loads((out / "task_pin.json").read_text())
@@ -505,15 +576,18 @@ def test_resume_writes_the_model_a_killed_run_never_wrote(gym_run, tmp_path, cap
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()][-1] == 2
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("data.jsonl", "", "dataset file {path} is empty"),
-    ("data.jsonl", '{"prompt": "a"}\n{"prompt": "b"\n{"prompt": "c"}\n', "dataset file {path} line 2 is not JSON"),
-    ("data.jsonl", "prompt,x\na,1\n", "dataset file {path} line 1 is not JSON"),
-    ("data.jsonl", '{"prompt": "a"}\n[1, 2]\n', "dataset file {path} line 2 is not a JSON object"),
-    ("data.json", '{"prompt": "a"', "dataset file {path} is neither one JSON document nor JSON lines (line 1"),
-    ("data.csv", "", "dataset file {path} is empty"),
-    ("data.txt", "say hi\n", "dataset file {path}: unknown format '.txt'"),  # was: reported as missing
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("data.jsonl", "", "dataset file {path} is empty"),
+        ("data.jsonl", '{"prompt": "a"}\n{"prompt": "b"\n{"prompt": "c"}\n', "dataset file {path} line 2 is not JSON"),
+        ("data.jsonl", "prompt,x\na,1\n", "dataset file {path} line 1 is not JSON"),
+        ("data.jsonl", '{"prompt": "a"}\n[1, 2]\n', "dataset file {path} line 2 is not a JSON object"),
+        ("data.json", '{"prompt": "a"', "dataset file {path} is neither one JSON document nor JSON lines (line 1"),
+        ("data.csv", "", "dataset file {path} is empty"),
+        ("data.txt", "say hi\n", "dataset file {path}: unknown format '.txt'"),  # was: reported as missing
+    ],
+)
 def test_a_dataset_file_datasets_rejects_is_one_line_naming_file_and_line(tmp_path, name, text, message):
     from mrtpo.tasks.from_config import TaskFileError, load_task_file
 
@@ -570,7 +644,7 @@ def test_a_reward_beyond_float32_range_is_one_line(tmp_path, gym_cache, monkeypa
     assert mrtpo.train.main([*GYM, "--output-dir", str(tmp_path / "run"), "--max-steps", "2", *GYM_KEYS]) == 2
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
-    lines = [line[line.index("mrtpo train: "):] for line in err.splitlines() if "mrtpo train: " in line]
+    lines = [line[line.index("mrtpo train: ") :] for line in err.splitlines() if "mrtpo train: " in line]
     assert len(lines) == 1 and f"reward function 'huge' returned {value!r}" in lines[0]
     assert "beyond ±1e+15" in lines[0]
 
@@ -588,19 +662,43 @@ def test_an_empty_train_dataset_is_refused_by_the_api(tmp_path):
 
     from mrtpo.trainer import MRTPOConfig, MRTPOTrainer
 
-    args = MRTPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=2, per_device_train_batch_size=4,
-                       num_generations=4, report_to="none")
+    args = MRTPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        report_to="none",
+    )
     with pytest.raises(ValueError, match="train_dataset is empty"):  # was: 0 steps, no error
-        MRTPOTrainer(model="unused-no-such-model", reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
-                     args=args, train_dataset=Dataset.from_dict({"prompt": []}))
+        MRTPOTrainer(
+            model="unused-no-such-model",
+            reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": []}),
+        )
 
 
 def test_key_value_settings_may_sit_between_flags(tmp_path, capsys, monkeypatch):
     import mrtpo.train
 
     monkeypatch.setattr(mrtpo.train, "build_trainer", lambda *a, **k: pytest.fail("a model was loaded"))
-    assert mrtpo.train.main(["--task", "gym-constraints", "seed=3", "--model", "gym", "learning_rate=0",
-                             "--output-dir", str(tmp_path / "run"), "temperature=0.5"]) == 2
+    assert (
+        mrtpo.train.main(
+            [
+                "--task",
+                "gym-constraints",
+                "seed=3",
+                "--model",
+                "gym",
+                "learning_rate=0",
+                "--output-dir",
+                str(tmp_path / "run"),
+                "temperature=0.5",
+            ]
+        )
+        == 2
+    )
     assert "learning_rate must be > 0, got 0" in capsys.readouterr().err  # read as a setting, not refused by argparse
 
 
@@ -624,7 +722,7 @@ def test_a_full_disk_while_writing_the_report_is_one_line(gym_run, tmp_path, cap
     run = gym_run(tmp_path / "run")
     assert mrtpo.train.main([*GYM, "--resume", str(run), "--max-steps", "3", *GYM_KEYS[:-2], "report=true"]) == 2
     out, err = capsys.readouterr()
-    lines = [line[line.index("mrtpo train: "):] for line in err.splitlines() if "mrtpo train: " in line]
+    lines = [line[line.index("mrtpo train: ") :] for line in err.splitlines() if "mrtpo train: " in line]
     assert "Traceback" not in out + err and len(lines) == 1
     assert f"cannot write {run / 'curves.png'}: No space left on device" in lines[0]
 
@@ -633,11 +731,24 @@ def test_evidence_text_missing_from_its_prompt_is_one_line_before_any_model_load
     import mrtpo.train
 
     task = write_task(tmp_path, rows='{"prompt": "say hi", "hint": "hi"}\n{"prompt": "say bye", "hint": "hello"}\n')
-    (tmp_path / "rewards.py").write_text("from mrtpo.rewards import evidence\n\n@evidence('hint')\n"
-                                         "def r(completions, **kwargs):\n    return [1.0 for _ in completions]\n")
+    (tmp_path / "rewards.py").write_text(
+        "from mrtpo.rewards import evidence\n\n@evidence('hint')\n"
+        "def r(completions, **kwargs):\n    return [1.0 for _ in completions]\n"
+    )
     monkeypatch.setattr(mrtpo.train, "build_trainer", lambda *a, **k: pytest.fail("a model was loaded"))
-    assert mrtpo.train.main(["--task", str(task), "--output-dir", str(tmp_path / "run"), "train_size=2",
-                             "per_device_train_batch_size=4"]) == 2
+    assert (
+        mrtpo.train.main(
+            [
+                "--task",
+                str(task),
+                "--output-dir",
+                str(tmp_path / "run"),
+                "train_size=2",
+                "per_device_train_batch_size=4",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "in_prompt evidence of reward 'r' for example 'train-1' does not occur in its prompt: 'hello'" in err

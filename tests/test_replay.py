@@ -93,8 +93,14 @@ def test_replay_relevance_shapes_zero_rows_and_exact_zero_for_identical_contexts
     assert (result.relevance[0] > 0).all() and (result.relevance[2] > 0).all()
     assert result.joint.shape == (t,) and result.entropy.shape == (t,)
     # A renderer that ignores the evidence makes both contexts identical: relevance exactly 0.
-    same = replay_completion(model, tok, ex, completion, [Evidence("privileged", "privileged")],
-                             render=lambda e: default_render_prompt(example(), tok))
+    same = replay_completion(
+        model,
+        tok,
+        ex,
+        completion,
+        [Evidence("privileged", "privileged")],
+        render=lambda e: default_render_prompt(example(), tok),
+    )
     assert torch.equal(same.relevance, torch.zeros(1, t))
 
 
@@ -102,8 +108,9 @@ def test_replay_names_the_verifier_when_evidence_is_missing(policy):
     model, tok = policy
     completion = torch.tensor(tok("ok", add_special_tokens=False)["input_ids"])
     with pytest.raises(EvidenceNotFoundError, match="'keyword'.*'ex-1'"):
-        replay_completion(model, tok, example(), completion, [Evidence("not in prompt", "in_prompt")],
-                          verifiers=["keyword"])
+        replay_completion(
+            model, tok, example(), completion, [Evidence("not in prompt", "in_prompt")], verifiers=["keyword"]
+        )
 
 
 def test_group_context_logits_match_plain_forwards(policy):
@@ -113,8 +120,11 @@ def test_group_context_logits_match_plain_forwards(policy):
 
     model, tok = policy
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    contexts = [enc("The rules: be brief. Question: why?"), enc("The rules: Question: why?"),
-                enc("The rules: be brief. Question: why? Reference: 42")]
+    contexts = [
+        enc("The rules: be brief. Question: why?"),
+        enc("The rules: Question: why?"),
+        enc("The rules: be brief. Question: why? Reference: 42"),
+    ]
     completions = [enc(" Because it rains."), enc(" No.")]
     t = max(map(len, completions))
     padded = torch.full((2, t), tok.pad_token_id)
@@ -158,13 +168,14 @@ def test_group_relevance_in_micro_batches_equals_one_pass(policy, micro_batch):
     placements = ["in_prompt", "privileged"]
     whole = group_relevance(model, contexts, placements, padded, lengths, with_entropy=True)
     counter = ForwardCounter()
-    parts = group_relevance(model, contexts, placements, padded, lengths, with_entropy=True,
-                            micro_batch=micro_batch, counter=counter)
+    parts = group_relevance(
+        model, contexts, placements, padded, lengths, with_entropy=True, micro_batch=micro_batch, counter=counter
+    )
     torch.testing.assert_close(parts.maps, whole.maps, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(parts.entropy, whole.entropy, atol=1e-5, rtol=1e-4)
     assert len(plan_passes([3], micro_batch)) == (3 if micro_batch == 1 else 2)
     assert counter.calls == len(plan_passes([3], micro_batch)) * 3
-    assert parts.maps[:, 1, int(lengths[1]):].abs().sum() == 0
+    assert parts.maps[:, 1, int(lengths[1]) :].abs().sum() == 0
 
 
 def lora_policy_refusing_past_key_values():
@@ -235,11 +246,14 @@ def test_grouped_replay_through_a_lora_model_matches_plain_forwards():
         peft_model(input_ids=padded[:1], past_key_values=None)
 
 
-@pytest.mark.parametrize("texts,completion_length", [
-    (["Rules: be brief. Q: why?", "Rules: Q: why?"], 3),           # a shared prefix, two suffixes
-    (["Same prompt.", "Same prompt."], 1),                            # one-token completions
-    (["A", "B"], 2),                                                  # one-token contexts, nothing shared
-])
+@pytest.mark.parametrize(
+    "texts,completion_length",
+    [
+        (["Rules: be brief. Q: why?", "Rules: Q: why?"], 3),  # a shared prefix, two suffixes
+        (["Same prompt.", "Same prompt."], 1),  # one-token completions
+        (["A", "B"], 2),  # one-token contexts, nothing shared
+    ],
+)
 def test_group_forward_calls_counts_what_the_replay_makes(policy, texts, completion_length):
     """The trainer agrees on forward calls across ranks before replaying: the count must be exact."""
     from mrtpo.model_calls import ForwardCounter
@@ -266,24 +280,34 @@ def test_shared_lengths_read_the_original_up_to_each_departure():
     from mrtpo.replay_passes import group_forward_calls, shared_lengths
 
     original = [1, 2, 3, 4, 5, 6]
-    removed_late = [1, 2, 3, 5, 6]            # departs at index 3
-    appended = [1, 2, 3, 4, 5, 9, 9, 6]      # departs at index 5 (the original's last token differs)
-    early = [8, 2, 3, 4, 5, 6]               # departs at index 0
-    prefix_of_original = [1, 2, 3]           # a prefix: keeps its own last token
+    removed_late = [1, 2, 3, 5, 6]  # departs at index 3
+    appended = [1, 2, 3, 4, 5, 9, 9, 6]  # departs at index 5 (the original's last token differs)
+    early = [8, 2, 3, 4, 5, 6]  # departs at index 0
+    prefix_of_original = [1, 2, 3]  # a prefix: keeps its own last token
     assert shared_lengths([original, removed_late, appended, early, prefix_of_original]) == [5, 3, 5, 0, 2]
-    assert group_forward_calls([original, list(original)]) == 2          # the trunk, the completions
-    assert group_forward_calls([original, removed_late]) == 3             # + the departed tokens
-    assert group_forward_calls([original, [1, 2, 3, 4, 6]]) == 2          # departs at its last token
-    assert group_forward_calls([[7], [8]]) == 1                           # one-token contexts: the completions only
+    assert group_forward_calls([original, list(original)]) == 2  # the trunk, the completions
+    assert group_forward_calls([original, removed_late]) == 3  # + the departed tokens
+    assert group_forward_calls([original, [1, 2, 3, 4, 6]]) == 2  # departs at its last token
+    assert group_forward_calls([[7], [8]]) == 1  # one-token contexts: the completions only
 
 
-@pytest.mark.parametrize("texts", [
-    ["Rules: be brief. Question: why? Keep it short.", "Question: why? Keep it short.",      # departs at once
-     "Rules: be brief. Question: why?", "Rules: be brief. Question: why? Keep it short. Reference: 42"],
-    ["Rules: be brief. Question: why?", "Q"],                     # a one-token context departing at once
-    ["Rules: be brief. Question: why?", "Question: why?",         # pads that see no shared token
-     "Keep it short. Rules: be brief. Question: why? Keep it short."],
-])
+@pytest.mark.parametrize(
+    "texts",
+    [
+        [
+            "Rules: be brief. Question: why? Keep it short.",
+            "Question: why? Keep it short.",  # departs at once
+            "Rules: be brief. Question: why?",
+            "Rules: be brief. Question: why? Keep it short. Reference: 42",
+        ],
+        ["Rules: be brief. Question: why?", "Q"],  # a one-token context departing at once
+        [
+            "Rules: be brief. Question: why?",
+            "Question: why?",  # pads that see no shared token
+            "Keep it short. Rules: be brief. Question: why? Keep it short.",
+        ],
+    ],
+)
 def test_replay_masks_the_trunk_after_each_departure(policy, texts):
     """Contexts departing from the original early, late or after its end each see exactly their own
     tokens: the logits equal one plain forward per (context, completion) pair, and the contexts'
@@ -299,16 +323,17 @@ def test_replay_masks_the_trunk_after_each_departure(policy, texts):
     for i, comp in enumerate(completions):
         padded[i, : len(comp)] = torch.tensor(comp)
     widths = []
-    hook = model.register_forward_pre_hook(lambda _m, args, kwargs: widths.append(kwargs["input_ids"].shape),
-                                           with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda _m, args, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
     try:
         got = dict(group_context_logits(model, contexts, padded, ForwardCounter()))
     finally:
         hook.remove()
     departed = [len(ctx) - 1 - s for ctx, s in zip(contexts, shared_lengths(contexts))]
-    assert widths[0] == (1, len(contexts[0]) - 1)                      # the trunk, once
+    assert widths[0] == (1, len(contexts[0]) - 1)  # the trunk, once
     if max(departed) > 0:
-        assert widths[1] == (len(contexts), max(departed))             # only the departed tokens
+        assert widths[1] == (len(contexts), max(departed))  # only the departed tokens
     for c_idx, ctx in enumerate(contexts):
         for g, comp in enumerate(completions):
             expected = completion_logits(model, torch.tensor(ctx), torch.tensor(comp))
@@ -346,15 +371,23 @@ def replay_groups(tok):
             out[i, : len(x)] = torch.tensor(x)
         return out, torch.tensor([len(x) for x in ids])
 
-    first = ReplayGroup([enc("Rules: be brief. Q: why?"), enc("Rules: Q: why?"),
-                         enc("Rules: be brief. Q: why? Ref: 42")],
-                        ["in_prompt", "privileged"], *padded([" Because it rains.", " No.", " Maybe so, later."]))
-    second = ReplayGroup([enc("A much longer prompt with several rules. Be kind. Answer in French. Q: who?"),
-                          enc("A much longer prompt with several rules. Answer in French. Q: who?"),
-                          enc("A much longer prompt with several rules. Be kind. Answer in French. Q: who?")],
-                         ["in_prompt", "in_prompt"], *padded([" Nobody at all, I think.", " Oui."]))
-    third = ReplayGroup([enc("Q")[:1], enc("Q: hi")], ["privileged"],
-                        *padded([" Hello there friend, it has been long."]))
+    first = ReplayGroup(
+        [enc("Rules: be brief. Q: why?"), enc("Rules: Q: why?"), enc("Rules: be brief. Q: why? Ref: 42")],
+        ["in_prompt", "privileged"],
+        *padded([" Because it rains.", " No.", " Maybe so, later."]),
+    )
+    second = ReplayGroup(
+        [
+            enc("A much longer prompt with several rules. Be kind. Answer in French. Q: who?"),
+            enc("A much longer prompt with several rules. Answer in French. Q: who?"),
+            enc("A much longer prompt with several rules. Be kind. Answer in French. Q: who?"),
+        ],
+        ["in_prompt", "in_prompt"],
+        *padded([" Nobody at all, I think.", " Oui."]),
+    )
+    third = ReplayGroup(
+        [enc("Q")[:1], enc("Q: hi")], ["privileged"], *padded([" Hello there friend, it has been long."])
+    )
     return [first, second, third]
 
 
@@ -369,19 +402,21 @@ def test_groups_sharing_a_pass_give_each_groups_own_maps(policy, micro_batch, gr
     model, tok = policy
     groups = replay_groups(tok)
     counter = ForwardCounter()
-    together = batch_relevance(model, groups, with_entropy=True, micro_batch=micro_batch,
-                               groups_per_pass=groups_per_pass, counter=counter)
+    together = batch_relevance(
+        model, groups, with_entropy=True, micro_batch=micro_batch, groups_per_pass=groups_per_pass, counter=counter
+    )
     contexts, sizes = [g.contexts for g in groups], [g.completions.shape[0] for g in groups]
     assert counter.calls == replay_forward_calls(contexts, sizes, micro_batch, groups_per_pass)
-    assert replay_forward_calls(contexts, sizes, None, None) == 3          # all groups, one pass
-    assert replay_forward_calls(contexts, sizes, None, 1) == 3 + 3 + 2     # the third: a one-token trunk
+    assert replay_forward_calls(contexts, sizes, None, None) == 3  # all groups, one pass
+    assert replay_forward_calls(contexts, sizes, None, 1) == 3 + 3 + 2  # the third: a one-token trunk
     for group, got in zip(groups, together):
-        alone = group_relevance(model, group.contexts, group.placements, group.completions, group.lengths,
-                                with_entropy=True)
+        alone = group_relevance(
+            model, group.contexts, group.placements, group.completions, group.lengths, with_entropy=True
+        )
         assert got.maps.shape == alone.maps.shape
         torch.testing.assert_close(got.maps, alone.maps, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(got.entropy, alone.entropy, atol=1e-5, rtol=1e-4)
-    assert together[1].maps[1].abs().sum() == 0   # its second counterfactual repeats the original
+    assert together[1].maps[1].abs().sum() == 0  # its second counterfactual repeats the original
     assert together[0].maps.abs().sum() > 0 and together[2].maps.abs().sum() > 0
 
 
@@ -396,8 +431,8 @@ def test_a_shared_pass_equals_plain_forwards(policy):
     counter = ForwardCounter()
     got = pass_context_logits(model, [(g.contexts, g.completions) for g in groups], counter)
     assert counter.calls == 3
-    assert got.blocks[1][0] == got.blocks[1][2]     # the second group's repeated context: run once, rows shared
-    assert got.logits.shape[0] == 3 * 3 + 2 * 2 + 2 * 1   # distinct contexts x completions
+    assert got.blocks[1][0] == got.blocks[1][2]  # the second group's repeated context: run once, rows shared
+    assert got.logits.shape[0] == 3 * 3 + 2 * 2 + 2 * 1  # distinct contexts x completions
     for m, group in enumerate(groups):
         for c in range(len(group.contexts)):
             logits = got.of(m, c)
@@ -475,8 +510,9 @@ def test_bf16_trainer_replays_on_bf16_logits_with_the_same_maps(tmp_path, monkey
     for name, context in (("native", trainer_module.autocast_outputs), ("upcast", lambda _m: contextlib.nullcontext())):
         monkeypatch.setattr(trainer_module, "autocast_outputs", context)
         # every group replayed, whatever the sampled rewards' spread
-        trainer = make_trainer(tmp_path / name, [has_letter_e, char_code, plain_length], max_steps=1, bf16=True,
-                               skip_zero_advantage=False)
+        trainer = make_trainer(
+            tmp_path / name, [has_letter_e, char_code, plain_length], max_steps=1, bf16=True, skip_zero_advantage=False
+        )
         original_replay = trainer._replay_eval_mode
 
         def keep(*args, _original=original_replay, _name=name, **kwargs):
@@ -488,6 +524,6 @@ def test_bf16_trainer_replays_on_bf16_logits_with_the_same_maps(tmp_path, monkey
         trainer.train()
         dtypes.append(name)
     assert torch.bfloat16 in dtypes[: dtypes.index("native")]
-    assert torch.float32 in dtypes[dtypes.index("native") + 1:]
+    assert torch.float32 in dtypes[dtypes.index("native") + 1 :]
     assert maps["native"].abs().sum() > 0
     assert torch.equal(maps["native"], maps["upcast"])

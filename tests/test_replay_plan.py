@@ -48,10 +48,16 @@ EVIDENCES = [BRIEF, None, GOLD]
 GROUPS = [[0, 1, 2], [3, 4, 5]]
 LENGTHS = [2, 3, 1, 4, 0, 2]
 #: group 0: every reward spreads; group 1: only reward 1 (no evidence) spreads, 0 and 2 are constant
-REWARDS = torch.tensor([
-    [1.0, 0.5, 0.0], [0.0, 0.5, 1.0], [1.0, 0.5, 0.0],
-    [1.0, 0.0, 3.0], [1.0, 1.0, 3.0], [1.0, 2.0, 3.0],
-])
+REWARDS = torch.tensor(
+    [
+        [1.0, 0.5, 0.0],
+        [0.0, 0.5, 1.0],
+        [1.0, 0.5, 0.0],
+        [1.0, 0.0, 3.0],
+        [1.0, 1.0, 3.0],
+        [1.0, 2.0, 3.0],
+    ]
+)
 
 
 def nonzero() -> list[list[bool]]:
@@ -74,13 +80,16 @@ def test_group_rows_in_first_seen_order():
     assert group_rows(["b", "a", "b", "c", "a"]) == [[0, 2], [1, 4], [3]]
 
 
-@pytest.mark.parametrize("needs, rewards, placements, entropy", [
-    ("none", [], [], False),
-    ("per_reward", [(0,), (2,)], ["in_prompt", "privileged"], False),  # one per reward with evidence
-    ("joint", [(0, 2)], ["in_prompt"], False),  # every reward's evidence at once
-    ("entropy", [], [], True),  # the original alone
-    (["entropy", "joint", "per_reward"], [(0,), (2,), (0, 2)], ["in_prompt", "privileged", "in_prompt"], True),
-])
+@pytest.mark.parametrize(
+    "needs, rewards, placements, entropy",
+    [
+        ("none", [], [], False),
+        ("per_reward", [(0,), (2,)], ["in_prompt", "privileged"], False),  # one per reward with evidence
+        ("joint", [(0, 2)], ["in_prompt"], False),  # every reward's evidence at once
+        ("entropy", [], [], True),  # the original alone
+        (["entropy", "joint", "per_reward"], [(0,), (2,), (0, 2)], ["in_prompt", "privileged", "in_prompt"], True),
+    ],
+)
 def test_contexts_per_needs_kind(needs, rewards, placements, entropy):
     group = plan_group([0, 1], EVIDENCES, [True] * 3, needs, width=2)
     assert [cf.rewards for cf in group.counterfactuals] == rewards
@@ -95,19 +104,29 @@ def test_counterfactual_texts_and_ids_by_hand():
     render = lambda messages: pytest.fail("a string prompt is not rendered")  # noqa: E731
     group = plan_group([0], EVIDENCES, [True] * 3, ["per_reward", "joint"])
     seen = []
-    contexts = group_contexts(group, [7], prompt, ["brief", "plain", "gold"], render,
-                              lambda text: seen.append(text) or ids_of(text), header="REF:")
+    contexts = group_contexts(
+        group,
+        [7],
+        prompt,
+        ["brief", "plain", "gold"],
+        render,
+        lambda text: seen.append(text) or ids_of(text),
+        header="REF:",
+    )
     assert seen == ["Q? Say it.", "Q? Be brief. Say it.\n\nREF:\n42", "Q? Say it.\n\nREF:\n42"]
     assert contexts == [[7], [10], [29], [19]]
 
 
-@pytest.mark.parametrize("needs, counts, skipped_group_1, replayed", [
-    # group 1: rewards 0 and 2 (the ones with evidence) have zero spread, so neither is replayed
-    ("per_reward", (3, 3, 2, 2), [True, False, True], [True, False]),
-    # joint and entropy need their one map wherever any reward spreads: reward 1 does in group 1
-    ("joint", (6, 0, 2, 0), [False] * 3, [True, True]),
-    ("entropy", (6, 0, 0, 0), [False] * 3, [True, True]),
-])
+@pytest.mark.parametrize(
+    "needs, counts, skipped_group_1, replayed",
+    [
+        # group 1: rewards 0 and 2 (the ones with evidence) have zero spread, so neither is replayed
+        ("per_reward", (3, 3, 2, 2), [True, False, True], [True, False]),
+        # joint and entropy need their one map wherever any reward spreads: reward 1 does in group 1
+        ("joint", (6, 0, 2, 0), [False] * 3, [True, True]),
+        ("entropy", (6, 0, 0, 0), [False] * 3, [True, True]),
+    ],
+)
 def test_zero_coefficient_rewards_are_not_replayed(needs, counts, skipped_group_1, replayed):
     p = plan(needs)
     keys = ("completions_replayed", "completions_skipped", "contexts_replayed", "contexts_skipped")
@@ -147,8 +166,10 @@ def test_scatter_back_to_batch_shape():
         p.scatter([], width=5)
 
     both = plan(["joint", "entropy"])  # both groups: the joint map and the original's entropy
-    results = [SimpleNamespace(maps=torch.full((1, 3, 3), 1.0), entropy=torch.full((3, 3), 2.0)),
-               SimpleNamespace(maps=torch.full((1, 3, 4), 3.0), entropy=torch.full((3, 4), 4.0))]
+    results = [
+        SimpleNamespace(maps=torch.full((1, 3, 3), 1.0), entropy=torch.full((3, 3), 2.0)),
+        SimpleNamespace(maps=torch.full((1, 3, 4), 3.0), entropy=torch.full((3, 4), 4.0)),
+    ]
     out = both.scatter(results, width=5)
     assert out["relevance"] is None and not out["has_evidence"].any()
     assert out["joint_relevance"].tolist() == [[1.0] * 3 + [0.0] * 2] * 3 + [[3.0] * 4 + [0.0]] * 3
@@ -171,8 +192,15 @@ def joint_entropy_method(monkeypatch):
     def _joint_entropy(batch, config):
         n, k = batch.local_rewards().shape
         weights = relevance_weights(batch.joint_relevance * batch.entropy, batch.mask).unsqueeze(1).expand(n, k, -1)
-        return token_advantages(batch.rewards, batch.group_size, weights, batch.mask, config.reward_weights,
-                                config.batch_norm, rows=batch.rows)
+        return token_advantages(
+            batch.rewards,
+            batch.group_size,
+            weights,
+            batch.mask,
+            config.reward_weights,
+            config.batch_norm,
+            rows=batch.rows,
+        )
 
     try:
         yield NEW_METHOD
@@ -188,8 +216,13 @@ def test_a_new_needs_kind_touches_only_the_registry_and_the_plan(joint_entropy_m
     group = plan_group([0], EVIDENCES, [True] * 3, NEW_KIND)
     assert [cf.rule for cf in group.counterfactuals] == [ALL] and group.entropy
     # the trainer, unchanged, replays what the new kind asks for and the method consumes it
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], method=joint_entropy_method,
-                           per_device_train_batch_size=12, num_generations=G)
+    trainer = make_trainer(
+        tmp_path,
+        [has_letter_e, char_code, plain_length],
+        method=joint_entropy_method,
+        per_device_train_batch_size=12,
+        num_generations=G,
+    )
     inputs, out = synthetic_batch(trainer)
     maps = trainer._replay(inputs, out, reward_coefficients(TRAINER_REWARDS, G))
     assert maps["relevance"] is None and maps["joint_relevance"].shape == maps["entropy"].shape == (12, 7)
@@ -220,47 +253,89 @@ def builder_calls(path: Path, names: set[str]) -> list[str]:
     """``file:line name`` of each call of one of ``names`` in ``path``, however it was imported
     (a plain name, an alias, or an attribute of an imported module)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    aliases = {alias.asname or alias.name: alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-               for alias in node.names if alias.name in names}
+    aliases = {
+        alias.asname or alias.name: alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name in names
+    }
     calls = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        called = (aliases.get(func.id, func.id) if isinstance(func, ast.Name)
-                  else func.attr if isinstance(func, ast.Attribute) else None)
+        called = (
+            aliases.get(func.id, func.id)
+            if isinstance(func, ast.Name)
+            else func.attr
+            if isinstance(func, ast.Attribute)
+            else None
+        )
         if called in names:
             calls.append(f"{path.name}:{node.lineno} {called}")
     return calls
 
 
 def test_no_second_context_builder():
-    outside = [call for path in sorted(SRC.rglob("*.py")) if path.name not in ALLOWED or path.parent != SRC
-               for call in builder_calls(path, CONTEXT_BUILDERS)]
+    outside = [
+        call
+        for path in sorted(SRC.rglob("*.py"))
+        if path.name not in ALLOWED or path.parent != SRC
+        for call in builder_calls(path, CONTEXT_BUILDERS)
+    ]
     assert outside == [], "build replay contexts through mrtpo.replay_plan"
-    by_hand = [call for path in sorted(SRC.rglob("*.py")) if "credit" not in path.relative_to(SRC).parts
-               for call in builder_calls(path, {"relevance_weights"})]
+    by_hand = [
+        call
+        for path in sorted(SRC.rglob("*.py"))
+        if "credit" not in path.relative_to(SRC).parts
+        for call in builder_calls(path, {"relevance_weights"})
+    ]
     assert by_hand == [], "weigh tokens through the registered credit method (mrtpo.credit)"
 
 
 def test_the_guard_sees_aliases_and_attributes(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("from mrtpo.counterfactual import counterfactual_text as cf\nimport mrtpo.counterfactual as c\n\n"
-                     "def f(p):\n    cf(p, [], str)\n    c.counterfactual_prompt(p, [], str)\n"
-                     "    counterfactual_text(p)\n")
-    assert builder_calls(probe, CONTEXT_BUILDERS) == ["probe.py:5 counterfactual_text",
-                                                      "probe.py:6 counterfactual_prompt",
-                                                      "probe.py:7 counterfactual_text"]
+    probe.write_text(
+        "from mrtpo.counterfactual import counterfactual_text as cf\nimport mrtpo.counterfactual as c\n\n"
+        "def f(p):\n    cf(p, [], str)\n    c.counterfactual_prompt(p, [], str)\n"
+        "    counterfactual_text(p)\n"
+    )
+    assert builder_calls(probe, CONTEXT_BUILDERS) == [
+        "probe.py:5 counterfactual_text",
+        "probe.py:6 counterfactual_prompt",
+        "probe.py:7 counterfactual_text",
+    ]
 
 
 # --- the demo weighs as training does ----------------------------------------------------------
+
 
 def test_demo_weights_are_the_registered_methods(tiny_model_dir, tmp_path, one_thread):
     from mrtpo.demo import METHOD, main as demo_main
 
     out = tmp_path / "demo"
-    assert demo_main(["--model", str(tiny_model_dir), "--task", "instructions", "--index", "2", "--group-size", "3",
-                      "--max-new-tokens", "8", "--seed", "2", "--out", str(out)]) == 0
+    assert (
+        demo_main(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--task",
+                "instructions",
+                "--index",
+                "2",
+                "--group-size",
+                "3",
+                "--max-new-tokens",
+                "8",
+                "--seed",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     record = json.loads((out / "demo.json").read_text())
     assert record["method"] == METHOD == "mrtpo"
     completions = record["completions"]
@@ -269,8 +344,13 @@ def test_demo_weights_are_the_registered_methods(tiny_model_dir, tmp_path, one_t
     for j, c in enumerate(completions):
         mask[j, : len(c["token_ids"])] = 1
         relevance[j, :, : len(c["token_ids"])] = torch.tensor(c["relevance"])
-    batch = CreditBatch(torch.tensor([c["rewards"] for c in completions]), len(completions), mask, relevance=relevance,
-                        has_evidence=torch.tensor([c["has_evidence"] for c in completions]))
+    batch = CreditBatch(
+        torch.tensor([c["rewards"] for c in completions]),
+        len(completions),
+        mask,
+        relevance=relevance,
+        has_evidence=torch.tensor([c["has_evidence"] for c in completions]),
+    )
     assert batch.has_evidence.any() and relevance.abs().sum() > 0
     shape = CreditConfig(lam=DEFAULT_LAM, w_max=DEFAULT_W_MAX)  # training's default weight shape
     weights, advantages = get_method(METHOD).weights(batch, shape), compute_advantages(METHOD, batch, shape)

@@ -19,7 +19,7 @@ from mrtpo.report.command import main as report_main
 from mrtpo.report.curves import band_rule, load_metrics, plot_runs, step_records
 from mrtpo.report.samples import load_credit_samples, pick_samples
 
-REWARDS = '''
+REWARDS = """
 from mrtpo import evidence
 
 
@@ -34,7 +34,7 @@ def graded(prompts, completions, **kwargs):
 
 def constant(prompts, completions, **kwargs):
     return [1.0 for _ in completions]
-'''
+"""
 
 TASK = """task:
   dataset: prompts.jsonl
@@ -66,8 +66,10 @@ def runs(tiny_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("report-runs")
     task = root / "task"
     task.mkdir()
-    rows = [{"prompt": f"Say something about item {i}. Do not use the letter z.", "rule": "Do not use the letter z."}
-            for i in range(6)]
+    rows = [
+        {"prompt": f"Say something about item {i}. Do not use the letter z.", "rule": "Do not use the letter z."}
+        for i in range(6)
+    ]
     (task / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (task / "rewards.py").write_text(REWARDS)
     (task / "config.yaml").write_text(TASK)
@@ -77,9 +79,25 @@ def runs(tiny_dir, tmp_path_factory):
         out = {}
         for method, seed, steps, evaluate in (("mrtpo", 0, 4, "steps"), ("gdpo", 1, 3, "no")):
             out[method] = root / method
-            assert main(["--config", str(task / "config.yaml"), "--model", str(tiny_dir), "--method", method,
-                         "--output-dir", str(out[method]), "--max-steps", str(steps), f"seed={seed}",
-                         f"eval_strategy={evaluate}"]) == 0
+            assert (
+                main(
+                    [
+                        "--config",
+                        str(task / "config.yaml"),
+                        "--model",
+                        str(tiny_dir),
+                        "--method",
+                        method,
+                        "--output-dir",
+                        str(out[method]),
+                        "--max-steps",
+                        str(steps),
+                        f"seed={seed}",
+                        f"eval_strategy={evaluate}",
+                    ]
+                )
+                == 0
+            )
     finally:
         torch.set_num_threads(before)
     make_report(out["mrtpo"], samples=2)
@@ -100,7 +118,8 @@ def test_sample_steps_are_the_curves_steps(runs):
             assert len(batch) == 8
             for name in ("even", "graded"):
                 assert statistics.mean(s["rewards"][name] for s in batch) == pytest.approx(
-                    logged[tag + 1][f"rewards/{name}/mean"], abs=1e-6)
+                    logged[tag + 1][f"rewards/{name}/mean"], abs=1e-6
+                )
     html = (runs["mrtpo"] / "report.html").read_text()
     shown = [int(h) for h in re.findall(r"<h3>step (\d+)</h3>", html)]
     titles = [int(h) for h in re.findall(r"<h3>step (\d+) · mrtpo · ", html)]
@@ -115,15 +134,18 @@ def test_skipped_rewards_are_the_groups_without_spread(runs):
     for tag in sorted({s["step"] for s in samples}):
         batch = [s for s in samples if s["step"] == tag]
         for g in range(0, len(batch), GROUP):
-            group = batch[g:g + GROUP]
+            group = batch[g : g + GROUP]
             assert len({s["example_id"] for s in group}) == 1
             flat = {n for n in ("even", "graded", "constant") if len({s["rewards"][n] for s in group}) == 1}
             assert "constant" in flat
             assert all(set(s["no_spread"]) == flat for s in group)
     html = (run / "report.html").read_text()
     cards = html.split("<div class='card'>")[1:]
-    assert cards and all("<div class='row skipped'><div class='label'><b>constant</b><small class='skip'>skipped "
-                         "(no spread)</small>" in c for c in cards)
+    assert cards and all(
+        "<div class='row skipped'><div class='label'><b>constant</b><small class='skip'>skipped "
+        "(no spread)</small>" in c
+        for c in cards
+    )
     md = (run / "report.md").read_text()
     assert "- `constant` skipped (no spread)" in md
 

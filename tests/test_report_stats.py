@@ -16,10 +16,16 @@ from mrtpo.report.stats import binary_count, is_binary, mean_interval, reward_ba
 from mrtpo.report.token_view import HIGH, LOW, CompletionView, CreditRow, WeightScale, render_cards
 
 
-@pytest.mark.parametrize(("k", "n", "low", "high"), [
-    # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3.
-    (81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718),
-])
+@pytest.mark.parametrize(
+    ("k", "n", "low", "high"),
+    [
+        # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3.
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+    ],
+)
 def test_wilson_interval_matches_newcombe(k, n, low, high):
     lo, hi = wilson_interval(k / n, n)
     assert (round(lo, 4), round(hi, 4)) == (low, high)
@@ -78,11 +84,16 @@ def test_weight_scale_spans_the_weights_present():
 
 
 def test_token_rows_carry_a_numbered_bar_and_a_skipped_row_says_so():
-    view = CompletionView("t", ["a", "b", "c"], [
-        CreditRow("format", 1.0, [0.8, 1.0, 1.2]),
-        CreditRow("flat", 1.0, [1.0, 1.0, 1.0], skipped=True),
-        CreditRow("even", 0.0, [1.0, 1.0, 1.0]),
-    ], advantage=[0.5, -0.25, 0.0])
+    view = CompletionView(
+        "t",
+        ["a", "b", "c"],
+        [
+            CreditRow("format", 1.0, [0.8, 1.0, 1.2]),
+            CreditRow("flat", 1.0, [1.0, 1.0, 1.0], skipped=True),
+            CreditRow("even", 0.0, [1.0, 1.0, 1.0]),
+        ],
+        advantage=[0.5, -0.25, 0.0],
+    )
     html = render_cards([view])
     bar = html.split("class='bar'")[1]
     assert ">0.80</span>" in bar and ">1.00</span>" in bar and ">1.20</span>" in bar
@@ -100,8 +111,15 @@ def test_no_spread_reads_the_record_or_falls_back_on_the_step_share():
 
 
 def _line(n, **extra):
-    return {"step": n, "loss": 0.0, "reward": 0.5, "reward_std": 0.5, "rewards/ok/mean": 0.5,
-            "rewards/ok/std": statistics.stdev([1.0, 1.0, 0.0, 0.0]), **extra}
+    return {
+        "step": n,
+        "loss": 0.0,
+        "reward": 0.5,
+        "reward_std": 0.5,
+        "rewards/ok/mean": 0.5,
+        "rewards/ok/std": statistics.stdev([1.0, 1.0, 0.0, 0.0]),
+        **extra,
+    }
 
 
 def test_diagnostics_name_what_the_run_did_not_log(tmp_path):

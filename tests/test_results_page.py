@@ -15,8 +15,10 @@ def _answer_table(text: str) -> list[str]:
 def test_the_results_page_opens_with_the_readme_answer_table():
     readme = _answer_table((ROOT / "README.md").read_text())
     results_text = (ROOT / "docs" / "results.md").read_text()
-    page = [re.sub(r"\]\(#", "](docs/results.md#", line).replace("](results/", "](docs/results/")
-            for line in _answer_table(results_text)]
+    page = [
+        re.sub(r"\]\(#", "](docs/results.md#", line).replace("](results/", "](docs/results/")
+        for line in _answer_table(results_text)
+    ]
     assert len(readme) > 3 and page == readme
     assert results_text.index("| question |") < results_text.index("\n## ", results_text.index("## The answer") + 1)
 

@@ -37,30 +37,51 @@ def _task(folder: Path, rows: list[dict], rewards: str, extra: str = "") -> Path
     (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "rewards.py").write_text(PROBE)
     path = folder / "task.yaml"
-    path.write_text("dataset: data.jsonl\nprompt: question\nrewards:" + ("\n" if ": " in rewards else " ")
-                    + textwrap.indent(textwrap.dedent(rewards), "  ") + "\n" + extra)
+    path.write_text(
+        "dataset: data.jsonl\nprompt: question\nrewards:"
+        + ("\n" if ": " in rewards else " ")
+        + textwrap.indent(textwrap.dedent(rewards), "  ")
+        + "\n"
+        + extra
+    )
     return path
 
 
 def _chat_rows(n=4):
-    return [{"question": [{"role": "user", "content": f"Say {w}."}], "answer": w, "n": i}
-            for i, w in enumerate(["yes", "no", "up", "down"][:n])]
+    return [
+        {"question": [{"role": "user", "content": f"Say {w}."}], "answer": w, "n": i}
+        for i, w in enumerate(["yes", "no", "up", "down"][:n])
+    ]
 
 
 # --------------------------------------------------------------------------------------------
 # The call, compared with TRL's own.
 # --------------------------------------------------------------------------------------------
 def _settings(tmp_path):
-    return dict(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-                num_generations=2, max_completion_length=6, max_steps=2, logging_steps=1, save_strategy="no",
-                learning_rate=1e-3, seed=0)
+    return dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+        seed=0,
+    )
 
 
 def _calls(task_path):
     import sys
 
-    return next(m for n, m in sys.modules.items() if n.startswith("mrtpo_task_rewards_")
-                and getattr(m, "__file__", None) == str(task_path.parent / "rewards.py")).CALLS
+    return next(
+        m
+        for n, m in sys.modules.items()
+        if n.startswith("mrtpo_task_rewards_") and getattr(m, "__file__", None) == str(task_path.parent / "rewards.py")
+    ).CALLS
 
 
 def test_a_task_files_rewards_get_the_same_calls_as_from_trl(tmp_path, tiny_dir, one_thread):
@@ -70,8 +91,16 @@ def test_a_task_files_rewards_get_the_same_calls_as_from_trl(tmp_path, tiny_dir,
     from mrtpo.train import build_trainer
 
     path = _task(tmp_path / "t", _chat_rows(), "rewards.py:probe: 1.0\ntrl.rewards.think_format_reward: 0.5")
-    config = load_config([], {"task": str(path), "model": str(tiny_dir), "method": "gdpo", "report": False,
-                              **{k: v for k, v in _settings(tmp_path).items() if k != "report_to"}})
+    config = load_config(
+        [],
+        {
+            "task": str(path),
+            "model": str(tiny_dir),
+            "method": "gdpo",
+            "report": False,
+            **{k: v for k, v in _settings(tmp_path).items() if k != "report_to"},
+        },
+    )
     trainer = build_trainer(config)
     trainer.train()
     ours = list(_calls(path))
@@ -81,15 +110,29 @@ def test_a_task_files_rewards_get_the_same_calls_as_from_trl(tmp_path, tiny_dir,
     args = GRPOConfig(**{**_settings(tmp_path / "trl"), "report_to": []})
     from datasets import Dataset
 
-    reference = GRPOTrainer(model=model, processing_class=tok, reward_funcs=task.reward_funcs(), args=args,
-                            train_dataset=Dataset.from_list(task.trainer_rows(task.load("train"))))
+    reference = GRPOTrainer(
+        model=model,
+        processing_class=tok,
+        reward_funcs=task.reward_funcs(),
+        args=args,
+        train_dataset=Dataset.from_list(task.trainer_rows(task.load("train"))),
+    )
     reference.train()
-    theirs = _calls(path)[len(ours):]
+    theirs = _calls(path)[len(ours) :]
     assert len(ours) == len(theirs) == 2  # one call per step (per batch), not one per completion
     for a, b in zip(ours, theirs):
         assert a["n"] == b["n"] == 4 and a["keys"] == b["keys"]
-        assert a["keys"] == ["answer", "completion_ids", "completions", "example_id", "log_extra", "log_metric", "n",
-                             "prompts", "trainer_state"]
+        assert a["keys"] == [
+            "answer",
+            "completion_ids",
+            "completions",
+            "example_id",
+            "log_extra",
+            "log_metric",
+            "n",
+            "prompts",
+            "trainer_state",
+        ]
         # a conversational prompt: messages in, one assistant message per completion out
         assert isinstance(a["prompt"], list) and a["prompt"][0]["role"] == "user"
         assert isinstance(a["completion"], list) and a["completion"][0]["role"] == "assistant"
@@ -110,16 +153,30 @@ def test_a_text_prompt_is_a_raw_continuation_on_the_command_line_as_in_trl(tmp_p
 
     rows = [{"question": f"Count to {i}:", "answer": str(i)} for i in range(4)]
     path = _task(tmp_path / "raw", rows, "rewards.py:probe")
-    config = load_config([], {"task": str(path), "model": str(tiny_dir), "method": "gdpo", "report": False,
-                              **{k: v for k, v in _settings(tmp_path).items() if k != "report_to"}})
+    config = load_config(
+        [],
+        {
+            "task": str(path),
+            "model": str(tiny_dir),
+            "method": "gdpo",
+            "report": False,
+            **{k: v for k, v in _settings(tmp_path).items() if k != "report_to"},
+        },
+    )
     trainer = build_trainer(config)
     task, first = trainer.mrtpo_task, trainer.train_dataset[0]
     assert first["prompt"] == "Count to 0:"  # the text itself, no chat template around it
     assert trainer._render(first["prompt"]) == "Count to 0:"
     assert prompt_renderer(task, trainer.processing_class)(task.load("train")[0]) == "Count to 0:"  # eval's rendering
     # a text prompt's completions reach the reward as text
-    call_reward(task.reward_funcs()[0], ["Count to 0:"], ["1 2"], {"answer": ["0"]},
-                completion_ids=[[5, 6]], trainer_state=trainer.state)
+    call_reward(
+        task.reward_funcs()[0],
+        ["Count to 0:"],
+        ["1 2"],
+        {"answer": ["0"]},
+        completion_ids=[[5, 6]],
+        trainer_state=trainer.state,
+    )
     assert _calls(path)[-1]["completion"] == "1 2"
 
 
@@ -224,8 +281,13 @@ def test_a_missing_reward_argument_is_refused_by_the_task_file_and_the_trainer(t
     data = Dataset.from_list([{"prompt": "x", "answer": "y"}])
     with pytest.raises(ValueError, match="needs the argument 'solution'"):
         check_reward_calls(GRPOTrainer.__init__, None, "no/such-model", [needs_solution], train_dataset=data)
-    check_reward_calls(GRPOTrainer.__init__, None, "m", reward_funcs=needs_solution,
-                       train_dataset=Dataset.from_list([{"prompt": "x", "solution": "y"}]))
+    check_reward_calls(
+        GRPOTrainer.__init__,
+        None,
+        "m",
+        reward_funcs=needs_solution,
+        train_dataset=Dataset.from_list([{"prompt": "x", "solution": "y"}]),
+    )
 
 
 def test_a_prompt_column_clash_and_mixed_prompt_formats_are_refused(tmp_path):

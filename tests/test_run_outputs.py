@@ -20,8 +20,26 @@ EVAL = ["eval_size=4", "eval_strategy=steps", "eval_steps=1", "per_device_eval_b
 def lora_run(tiny_dir, tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("outputs") / "lora"
-    assert main(["--task", "sql", "--model", str(tiny_dir), "--output-dir", str(out), "--max-steps", "2",
-                 "--lora-r", "4", "learning_rate=0.01", *SMALL, *EVAL]) == 0
+    assert (
+        main(
+            [
+                "--task",
+                "sql",
+                "--model",
+                str(tiny_dir),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "2",
+                "--lora-r",
+                "4",
+                "learning_rate=0.01",
+                *SMALL,
+                *EVAL,
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -86,10 +104,11 @@ def test_report_command_rebuilds_the_report_with_held_out_metrics(lora_run, caps
 def test_held_out_rows_and_series():
     from mrtpo.report.held_out import eval_rows, eval_series
 
-    records = [{"step": 1, "loss": 0.1, "reward": 0.5},
-               {"step": 1, "eval_reward": 0.2, "eval_rewards/a/mean": 0.1, "eval_rewards/a/std": 0.3,
-                "eval_runtime": 3.0},
-               {"step": 3, "eval_reward": 0.6, "eval_rewards/a/mean": 0.4, "eval_loss": 0.0}]
+    records = [
+        {"step": 1, "loss": 0.1, "reward": 0.5},
+        {"step": 1, "eval_reward": 0.2, "eval_rewards/a/mean": 0.1, "eval_rewards/a/std": 0.3, "eval_runtime": 3.0},
+        {"step": 3, "eval_reward": 0.6, "eval_rewards/a/mean": 0.4, "eval_loss": 0.0},
+    ]
     rows = {r["name"]: r for r in eval_rows(records)}
     assert list(rows)[:2] == ["eval_reward", "eval_rewards/a/mean"]
     assert "eval_runtime" not in rows and "eval_rewards/a/std" not in rows
@@ -104,8 +123,23 @@ def test_a_full_run_saves_the_whole_model_and_export_copies_it(tiny_dir, tmp_pat
     from mrtpo.export import export_model
 
     out = tmp_path / "full"
-    assert main(["--task", "sql", "--model", str(tiny_dir), "--output-dir", str(out), "--max-steps", "1",
-                 "report=false", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "--task",
+                "sql",
+                "--model",
+                str(tiny_dir),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "1",
+                "report=false",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()
     assert not (out / "model" / "training_args.bin").exists()
     dest = export_model(out)

@@ -14,8 +14,9 @@ from test_trainer import char_code, has_letter_e, make_trainer
 G = 3
 
 
-def left_padded_batch(seed=0, prompt_lengths=(9, 5, 12), completion_lengths=(4, 7, 1, 6, 6, 2, 3, 7, 5),
-                      pad=0, vocab=200):
+def left_padded_batch(
+    seed=0, prompt_lengths=(9, 5, 12), completion_lengths=(4, 7, 1, 6, 6, 2, 3, 7, 5), pad=0, vocab=200
+):
     """``(prompt_ids, prompt_mask, completion_ids, completion_mask)`` for groups of ``G`` rows sharing a
     random prompt of each length (left-padded to the longest), with right-padded random completions."""
     gen = torch.Generator().manual_seed(seed)
@@ -46,10 +47,15 @@ def fused_policy(lora=False, lora_seed=0):
     add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
     if lora:
         from peft import LoraConfig, get_peft_model
+
         with torch.random.fork_rng(devices=[]):  # the adapters' random init: the same whatever ran before
             torch.manual_seed(lora_seed)
-            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                     lora_dropout=0.0, init_lora_weights=False))
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, init_lora_weights=False
+                ),
+            )
     model.train()
     return model
 
@@ -82,8 +88,9 @@ def test_logps_entropies_and_gradient_equal_trl_forward(lora):
     ref_logps, ref_entropy, ref_grads = logps_and_grads(model, weights, lambda: trl_logps(model, *batch))
     calls = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
-    logps, entropy, grads = logps_and_grads(model, weights,
-                                            lambda: shared_prompt_logps(model, *batch, compute_entropy=True))
+    logps, entropy, grads = logps_and_grads(
+        model, weights, lambda: shared_prompt_logps(model, *batch, compute_entropy=True)
+    )
     assert len(calls) == 2
     mask = batch[3].bool()
     assert torch.all(logps[~mask] == 0) and torch.all(logps[mask] < 0)
@@ -124,18 +131,25 @@ def update_inputs(trainer) -> dict:
     gen = torch.Generator().manual_seed(2)
     advantages = torch.randn(completion_ids.shape, generator=gen) * completion_mask
     old = -torch.rand(completion_ids.shape, generator=gen) * 6 * completion_mask
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": old,
-            "num_items_in_batch": completion_mask.sum(),
-            SEQUENCE_ADVANTAGES_KEY: advantages.sum(1) / completion_mask.sum(1)}
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "num_items_in_batch": completion_mask.sum(),
+        SEQUENCE_ADVANTAGES_KEY: advantages.sum(1) / completion_mask.sum(1),
+    }
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo"])
 def test_trainer_loss_and_gradient_equal_with_and_without_shared_prompts(tmp_path, loss_type):
     """Through TRL's ``_compute_loss``: ``(B, T)`` advantages, an off-policy ratio (old log-probs
     that differ from the current ones) so clipping is active, and each loss type's normaliser."""
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code], loss_type=loss_type, per_device_train_batch_size=9,
-                           num_generations=G)
+    trainer = make_trainer(
+        tmp_path, [has_letter_e, char_code], loss_type=loss_type, per_device_train_batch_size=9, num_generations=G
+    )
     assert trainer.args.shared_prompt_update
     inputs = update_inputs(trainer)
     calls = []
@@ -162,8 +176,9 @@ def test_generation_with_shared_prefill_equals_plain_generate():
     settings = dict(do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=None)
     plain = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **settings)
     prefilled = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: prefilled.append(kwargs["input_ids"].shape),
-                                    with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: prefilled.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
     with shared_prefill(model):
         shared = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **settings)
     assert "generate" not in vars(model)  # the instance is left as it was
@@ -178,11 +193,19 @@ def test_trainer_generates_with_shared_prefill(tmp_path):
 
     def forward_shapes(**settings):
         # gdpo: no replay, whose batched contexts (2 here) would also make 2-row forwards
-        trainer = make_trainer(tmp_path, [has_letter_e, char_code], max_steps=1, num_generations=G,
-                               per_device_train_batch_size=6, method="gdpo", **settings)
+        trainer = make_trainer(
+            tmp_path,
+            [has_letter_e, char_code],
+            max_steps=1,
+            num_generations=G,
+            per_device_train_batch_size=6,
+            method="gdpo",
+            **settings,
+        )
         shapes = []
         trainer.model.register_forward_pre_hook(
-            lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+            lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+        )
         trainer.train()
         assert "generate" not in vars(trainer.model)
         return shapes

@@ -10,8 +10,9 @@ from mrtpo.trainer.metrics import predicted_gains, signal_metric_keys, signal_me
 
 
 def test_signal_metric_sums_by_hand():
-    weights = torch.tensor([[[2.0, 1.0, 0.5, 0.5], [1.0, 1.0, 1.0, 1.0]],
-                            [[3.0, 0.0, 0.0, 7.0], [0.5, 1.5, 9.0, 9.0]]])  # (B=2, K=2, T=4)
+    weights = torch.tensor(
+        [[[2.0, 1.0, 0.5, 0.5], [1.0, 1.0, 1.0, 1.0]], [[3.0, 0.0, 0.0, 7.0], [0.5, 1.5, 9.0, 9.0]]]
+    )  # (B=2, K=2, T=4)
     relevant = torch.zeros(2, 2, 4, dtype=torch.bool)
     relevant[0, 0, 0] = relevant[1, 0, 0] = True  # reward a: the first token
     relevant[0, 1, 1] = relevant[1, 1, 1] = True  # reward b: the second
@@ -34,11 +35,27 @@ def test_gym_training_logs_lift_mean_square_and_predicted_gain(tmp_path):
     from mrtpo.config import load_config
     from mrtpo.train import build_trainer
 
-    config = load_config(overrides={
-        "task": "gym-constraints", "model": "gym", "method": "mrtpo", "lam": 1.0, "w_max": None, "max_steps": 1,
-        "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 16, "seed": 0,
-        "output_dir": str(tmp_path), "report": False, "report_to": "none", "save_strategy": "no",
-        "credit_samples": 0, "logging_steps": 1, "skip_zero_advantage": False})
+    config = load_config(
+        overrides={
+            "task": "gym-constraints",
+            "model": "gym",
+            "method": "mrtpo",
+            "lam": 1.0,
+            "w_max": None,
+            "max_steps": 1,
+            "num_generations": 4,
+            "per_device_train_batch_size": 8,
+            "max_completion_length": 16,
+            "seed": 0,
+            "output_dir": str(tmp_path),
+            "report": False,
+            "report_to": "none",
+            "save_strategy": "no",
+            "credit_samples": 0,
+            "logging_steps": 1,
+            "skip_zero_advantage": False,
+        }
+    )
     build_trainer(config).train()
     logs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in logs if "credit/c1/top10_share" in r)
@@ -47,5 +64,5 @@ def test_gym_training_logs_lift_mean_square_and_predicted_gain(tmp_path):
             continue
         lift, w2 = step[f"credit/{name}/lift"], step[f"credit/{name}/mean_w2"]
         assert w2 >= 1.0 - 1e-9  # mean-1 weights: E[w²] = 1 + CV²
-        assert step[f"credit/{name}/predicted_g"] == pytest.approx(lift ** 2 / w2)
+        assert step[f"credit/{name}/predicted_g"] == pytest.approx(lift**2 / w2)
     assert any(f"credit/{n}/lift" in step for n in ("c1", "c2", "c3"))

@@ -341,30 +341,53 @@ HOSTILE_SINGLE_CALLS = [
     ("SELECT printf(CAST('%.*c' AS BLOB), 1000000000, 'x')", ErrorKind.TOO_LARGE),
     ("SELECT printf('%.*c', '1000000000', 'x')", ErrorKind.TOO_LARGE),
     # builders growing one value past the length limit
-    ("WITH RECURSIVE c(x) AS (SELECT 'x' UNION ALL SELECT replace(x, 'x', 'xxxxxxxxxx') FROM c) "
-     "SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
+    (
+        "WITH RECURSIVE c(x) AS (SELECT 'x' UNION ALL SELECT replace(x, 'x', 'xxxxxxxxxx') FROM c) "
+        "SELECT length(x) FROM c",
+        ErrorKind.TOO_LARGE,
+    ),
     ("SELECT length(hex(hex(hex(printf('%.*c', 50000, 'x')))))", ErrorKind.TOO_LARGE),
     ("SELECT length(zeroblob(1000000000))", ErrorKind.FORBIDDEN),
-    ("WITH RECURSIVE c(x) AS (SELECT char(120) UNION ALL SELECT substr(x || x || x, 1) FROM c) "
-     "SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
-    ("WITH RECURSIVE c(x) AS (SELECT 'a' UNION ALL SELECT upper(lower(trim(x || x))) FROM c) "
-     "SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
-    ("WITH RECURSIVE c(x) AS (SELECT '''' UNION ALL SELECT quote(x) FROM c) "
-     "SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
-    ("WITH RECURSIVE c(x) AS (SELECT json_array(1) UNION ALL SELECT json_array(x, x) FROM c) "
-     "SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
+    (
+        "WITH RECURSIVE c(x) AS (SELECT char(120) UNION ALL SELECT substr(x || x || x, 1) FROM c) "
+        "SELECT length(x) FROM c",
+        ErrorKind.TOO_LARGE,
+    ),
+    (
+        "WITH RECURSIVE c(x) AS (SELECT 'a' UNION ALL SELECT upper(lower(trim(x || x))) FROM c) "
+        "SELECT length(x) FROM c",
+        ErrorKind.TOO_LARGE,
+    ),
+    (
+        "WITH RECURSIVE c(x) AS (SELECT '''' UNION ALL SELECT quote(x) FROM c) SELECT length(x) FROM c",
+        ErrorKind.TOO_LARGE,
+    ),
+    (
+        "WITH RECURSIVE c(x) AS (SELECT json_array(1) UNION ALL SELECT json_array(x, x) FROM c) "
+        "SELECT length(x) FROM c",
+        ErrorKind.TOO_LARGE,
+    ),
     ("WITH RECURSIVE c(x) AS (SELECT 'a' UNION ALL SELECT x || x FROM c) SELECT length(x) FROM c", ErrorKind.TOO_LARGE),
     # group_concat over a cross join: which bound answers first depends on the CPU (the value reaches
     # the length limit in ~1.8 s on a fast core; on a slower one the deadline comes first)
     ("SELECT length(group_concat(a.Name || b.Name)) FROM city a, city b", (ErrorKind.TIMEOUT, ErrorKind.TOO_LARGE)),
     # a quadratic call (~0.1 s) on every row, ~1000 VM steps between progress checks: only the
     # worker kill stops these in time
-    ("WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) "
-     "SELECT sum(instr(a || Name, substr(a, 1, 45000) || 'y')) FROM s, city", ErrorKind.TIMEOUT),
-    ("WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) "
-     "SELECT count(*) FROM s, city WHERE replace(a || Name, substr(a, 1, 45000) || 'y', '') = ''", ErrorKind.TIMEOUT),
-    ("WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) "
-     "SELECT count(*) FROM s, city WHERE a || Name GLOB '*' || printf('%.*c', 990, 'x') || 'y'", ErrorKind.TIMEOUT),
+    (
+        "WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) "
+        "SELECT sum(instr(a || Name, substr(a, 1, 45000) || 'y')) FROM s, city",
+        ErrorKind.TIMEOUT,
+    ),
+    (
+        "WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) "
+        "SELECT count(*) FROM s, city WHERE replace(a || Name, substr(a, 1, 45000) || 'y', '') = ''",
+        ErrorKind.TIMEOUT,
+    ),
+    (
+        "WITH s(a) AS (SELECT printf('%.*c', 90000, 'x')) "
+        "SELECT count(*) FROM s, city WHERE a || Name GLOB '*' || printf('%.*c', 990, 'x') || 'y'",
+        ErrorKind.TIMEOUT,
+    ),
 ]
 HARD_BOUND_S = 2.5
 

@@ -310,9 +310,7 @@ def test_evaluate_counts_per_database(task: SqlTask, eval_examples) -> None:
     assert report["executable_rate"] == 0.5  # the right one and SELECT 1
     assert report["format_rate"] == 0.75
     assert report["errors"] == {"no_sql": 1, "runtime": 1}
-    assert report["per_db"] == {
-        "pets_1": {"n": 4, "correct": 1, "execution_accuracy": 0.25, "executable_rate": 0.5}
-    }
+    assert report["per_db"] == {"pets_1": {"n": 4, "correct": 1, "execution_accuracy": 0.25, "executable_rate": 0.5}}
     assert [r["correct"] for r in report["examples"]] == [True, False, False, False]
     with pytest.raises(ValueError, match="pair up"):
         task.evaluate(outputs[:3], exs)

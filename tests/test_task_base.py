@@ -52,12 +52,16 @@ def test_no_code_probes_a_task_for_an_undeclared_hook():
     text = {p: p.read_text() for p in SRC.rglob("*.py")}
     probed = {hook for source in text.values() for hook in re.findall(r'implements\([^,()]+, "([a-z_]+)"\)', source)}
     assert probed and probed <= set(OPTIONAL_HOOKS)
-    hasattr_probes = [f"{p.relative_to(SRC)}: {m}" for p, source in text.items()
-                      for m in re.findall(r'hasattr\((?:get_task\([^)]*\)|[a-z_.]*task), "[a-z_]+"\)', source)]
+    hasattr_probes = [
+        f"{p.relative_to(SRC)}: {m}"
+        for p, source in text.items()
+        for m in re.findall(r'hasattr\((?:get_task\([^)]*\)|[a-z_.]*task), "[a-z_]+"\)', source)
+    ]
     assert hasattr_probes == []
     declared = {name for name in vars(Task) if not name.startswith("_")}
-    getattr_probes = {hook for source in text.values()
-                      for hook in re.findall(r'getattr\((?:self\.)?task, "([a-z_]+)"', source)}
+    getattr_probes = {
+        hook for source in text.values() for hook in re.findall(r'getattr\((?:self\.)?task, "([a-z_]+)"', source)
+    }
     assert getattr_probes <= declared, f"probed but not declared on Task: {getattr_probes - declared}"
 
 

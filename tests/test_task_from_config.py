@@ -20,10 +20,15 @@ from mrtpo.tasks.from_config import TaskFileError, load_task_file
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "own-task" / "config.yaml"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "OMP_NUM_THREADS": "1",
-       "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
-REWARDS = '''
+REWARDS = """
 from mrtpo import evidence
 
 @evidence("rule")
@@ -37,14 +42,20 @@ def seen(prompts, completions, **columns):
 seen.calls = []
 
 NOT_A_FUNCTION = 3
-'''
+"""
 
 
 def _write_task(folder: Path, block: str, rows: list[dict] | None = None, name: str = "config.yaml") -> Path:
     """A folder with data.jsonl, rewards.py and a config holding ``block`` (YAML text of the task mapping)."""
     folder.mkdir(parents=True, exist_ok=True)
-    rows = rows if rows is not None else [
-        {"prompt": f"Write about item {i}. No commas please.", "rule": "No commas please.", "n": i} for i in range(10)]
+    rows = (
+        rows
+        if rows is not None
+        else [
+            {"prompt": f"Write about item {i}. No commas please.", "rule": "No commas please.", "n": i}
+            for i in range(10)
+        ]
+    )
     (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "rewards.py").write_text(REWARDS)
     path = folder / name
@@ -102,17 +113,26 @@ def test_function_rewards_get_the_rows_columns_and_their_evidence(tmp_path):
 def test_chat_prompts_and_saved_dataset_folders(tmp_path):
     from datasets import Dataset, DatasetDict
 
-    rows = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Say {i}."}],
-             "rule": "Be brief.", "uid": f"u{i}"} for i in range(6)]
+    rows = [
+        {
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Say {i}."}],
+            "rule": "Be brief.",
+            "uid": f"u{i}",
+        }
+        for i in range(6)
+    ]
     saved = DatasetDict({"train": Dataset.from_list(rows[:4]), "test": Dataset.from_list(rows[4:])})
     saved.save_to_disk(tmp_path / "saved")
-    path = _write_task(tmp_path / "chat", """\
+    path = _write_task(
+        tmp_path / "chat",
+        """\
         dataset: ../saved
         prompt: messages
         eval_split: test
         id_column: uid
         rewards: [rewards.py:no_commas, rewards.py:seen]
-        """)
+        """,
+    )
     task = load_task_file(path)
     assert [e.id for e in task.load("train")] == ["u0", "u1", "u2", "u3"]
     assert [e.id for e in task.load("eval")] == ["u4", "u5"]
@@ -142,20 +162,28 @@ def test_csv_and_parquet_files(tmp_path, fmt):
 # --------------------------------------------------------------------------------------------
 ERRORS = [
     (BASIC.replace("data.jsonl", "missing.jsonl"), ["dataset file", "missing.jsonl", "does not exist"]),
-    (BASIC.replace("prompt: prompt", "prompt: promt"), ["no column 'promt'", "did you mean 'prompt'?",
-                                                        "its columns: prompt, rule, n"]),
+    (
+        BASIC.replace("prompt: prompt", "prompt: promt"),
+        ["no column 'promt'", "did you mean 'prompt'?", "its columns: prompt, rule, n"],
+    ),
     (BASIC.replace("rewards.py:seen", "nowhere.py:seen"), ["reward 'nowhere.py:seen'", "does not exist"]),
-    (BASIC.replace("rewards.py:seen", "no_such_pkg.mod:fn"), ["reward 'no_such_pkg.mod:fn'", "does not import",
-                                                              "ModuleNotFoundError"]),
+    (
+        BASIC.replace("rewards.py:seen", "no_such_pkg.mod:fn"),
+        ["reward 'no_such_pkg.mod:fn'", "does not import", "ModuleNotFoundError"],
+    ),
     (BASIC.replace("rewards.py:seen", "rewards.py:sean"), ["has no 'sean'", "did you mean 'seen'?"]),
     (BASIC.replace("rewards.py:seen", "rewards.py:NOT_A_FUNCTION"), ["is a int, not a function"]),
-    (BASIC.replace("rewards.py:seen", "rewards_seen"), ["must be 'file.py:function', 'package.module:function' or "
-                                                                "'package.module.function'"]),
+    (
+        BASIC.replace("rewards.py:seen", "rewards_seen"),
+        ["must be 'file.py:function', 'package.module:function' or 'package.module.function'"],
+    ),
     (BASIC.replace("eval_fraction", "eval_fractoin"), ["unknown key 'eval_fractoin'", "did you mean 'eval_fraction'?"]),
     (BASIC.replace("eval_fraction: 0.2", "eval_split: validation"), ["no split 'validation'", "its splits: train"]),
     ("prompt: prompt\nrewards: [rewards.py:seen]\n", ["names no dataset"]),
-    (BASIC.replace("data.jsonl", "someone/no-such-dataset"), ["'someone/no-such-dataset' is neither a local file",
-                                                               "HF_HUB_OFFLINE"]),  # the hub is offline here
+    (
+        BASIC.replace("data.jsonl", "someone/no-such-dataset"),
+        ["'someone/no-such-dataset' is neither a local file", "HF_HUB_OFFLINE"],
+    ),  # the hub is offline here
 ]
 
 
@@ -196,7 +224,7 @@ def test_train_command_exits_2_on_a_bad_task_file(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------
 # A task registered by a plugin (MRTPO_PLUGINS), like a built-in one.
 # --------------------------------------------------------------------------------------------
-PLUGIN = '''
+PLUGIN = """
 from mrtpo.tasks import register_task
 from mrtpo.verifiers import Evidence, Example
 
@@ -228,7 +256,7 @@ class PlugWords:
 
     def evaluate(self, outputs, examples):
         return {"says_word": sum(w.gold["word"] in o for o, w in zip(outputs, examples)) / max(len(outputs), 1)}
-'''
+"""
 
 
 @pytest.fixture
@@ -243,9 +271,24 @@ def plugin(tmp_path, monkeypatch):
 def test_a_plugin_task_trains_through_the_command_line(plugin, tiny_dir, tmp_path):
     out = tmp_path / "run"
     env = {**ENV, "MRTPO_PLUGINS": "my_plugin", "PYTHONPATH": os.pathsep.join([str(plugin), ENV.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "mrtpo.cli", "train", "--task", "plug-words", "--model", str(tiny_dir),
-           "--output-dir", str(out), "--max-steps", "2", "max_completion_length=8", "skip_zero_advantage=false",
-           "report=false", "save_strategy=no"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "train",
+        "--task",
+        "plug-words",
+        "--model",
+        str(tiny_dir),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        "max_completion_length=8",
+        "skip_zero_advantage=false",
+        "report=false",
+        "save_strategy=no",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -263,11 +306,42 @@ def test_a_plugin_task_in_eval_explain_and_bench_learn(plugin, tiny_dir, tmp_pat
     from mrtpo import evaluate, explain
     from mrtpo.bench.learn.cli import main as bench_learn
 
-    assert evaluate.main(["--task", "plug-words", "--model", str(tiny_dir), "--limit", "2", "--max-new-tokens", "4",
-                          "--dtype", "float32", "--output-dir", str(tmp_path / "eval"), "--quiet"]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--task",
+                "plug-words",
+                "--model",
+                str(tiny_dir),
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--dtype",
+                "float32",
+                "--output-dir",
+                str(tmp_path / "eval"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "eval" / "results.json").read_text())["run"]["task"] == "plug-words"
-    assert explain.main(["--task", "plug-words", "--model", str(tiny_dir), "--completion", "zq0 zq0",
-                         "--out", str(tmp_path / "x.html")]) == 0
+    assert (
+        explain.main(
+            [
+                "--task",
+                "plug-words",
+                "--model",
+                str(tiny_dir),
+                "--completion",
+                "zq0 zq0",
+                "--out",
+                str(tmp_path / "x.html"),
+            ]
+        )
+        == 0
+    )
     assert "says_word" in capsys.readouterr().out and (tmp_path / "x.html").is_file()
     assert explain.main(["--task", "plug-wordz", "--model", str(tiny_dir), "--completion", "a"]) == 2
     assert "did you mean 'plug-words'?" in capsys.readouterr().err
@@ -281,8 +355,19 @@ def test_a_plugin_task_in_eval_explain_and_bench_learn(plugin, tiny_dir, tmp_pat
 # examples/own-task end to end.
 # --------------------------------------------------------------------------------------------
 def _train_example(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "mrtpo.cli", "train", "--config", str(EXAMPLE), "--max-steps", "2",
-           "--output-dir", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "train",
+        "--config",
+        str(EXAMPLE),
+        "--max-steps",
+        "2",
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900, check=False, cwd=ROOT)
 
 

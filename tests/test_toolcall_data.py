@@ -42,10 +42,16 @@ def test_registered_under_toolcall():
 
 
 def test_split_sizes_match_the_bfcl_files(train, evals):
-    eval_sizes = {c: len(_file_entries(c)) for c in
-                  ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")}
-    assert eval_sizes == {"simple_python": 400, "multiple": 200, "parallel": 200,
-                          "parallel_multiple": 200, "irrelevance": 240}
+    eval_sizes = {
+        c: len(_file_entries(c)) for c in ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+    }
+    assert eval_sizes == {
+        "simple_python": 400,
+        "multiple": 200,
+        "parallel": 200,
+        "parallel_multiple": 200,
+        "irrelevance": 240,
+    }
     assert Counter(e.meta["category"] for e in evals) == eval_sizes
     train_sizes = Counter(e.meta["category"] for e in train)
     # one live_multiple question duplicates an eval question and is dropped (see next test)
@@ -115,8 +121,11 @@ def test_messages_tools_and_gold(evals, train):
 
 
 def test_bfcl_system_messages_are_merged_into_ours(train):
-    with_system = {q["id"]: q["question"][0][0]["content"] for q in _file_entries("live_simple")
-                   if q["question"][0][0]["role"] == "system"}
+    with_system = {
+        q["id"]: q["question"][0][0]["content"]
+        for q in _file_entries("live_simple")
+        if q["question"][0][0]["role"] == "system"
+    }
     assert with_system
     for e in train:
         if e.id in with_system:

@@ -60,8 +60,8 @@ def test_python_syntax_gold_also_passes_but_fails_format(task, evals):
     outs = []
     for e in subset:
         calls = ", ".join(
-            f"{c['name']}(" + ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items()) + ")"
-            for c in gold_calls(e))
+            f"{c['name']}(" + ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items()) + ")" for c in gold_calls(e)
+        )
         outs.append(f"[{calls}]")
     result = task.evaluate(outs, subset)
     assert result["accuracy"] == 1.0 and result["format_rate"] == 0.0
@@ -104,10 +104,12 @@ def test_wrong_function_name_is_wrong_with_reason(evals):
 
 
 def test_extra_call_is_wrong_with_reason(evals):
-    for item_id, kind in (("simple_python_0", "simple_function_checker"),
-                          ("multiple_0", "multiple_function_checker"),
-                          ("parallel_0", "parallel_function_checker_no_order"),
-                          ("parallel_multiple_0", "parallel_function_checker_no_order")):
+    for item_id, kind in (
+        ("simple_python_0", "simple_function_checker"),
+        ("multiple_0", "multiple_function_checker"),
+        ("parallel_0", "parallel_function_checker_no_order"),
+        ("parallel_multiple_0", "parallel_function_checker_no_order"),
+    ):
         v = _verdict(evals, item_id, lambda c: c + [copy.deepcopy(c[0])])
         assert not v["valid"] and v["error_type"] == f"{kind}:wrong_count", item_id
         assert v["error"] == ["Wrong number of functions."]

@@ -40,8 +40,10 @@ def test_one_block_with_several_lines_and_several_blocks_read_alike(task, evals,
     reversed_blocks = "\n".join(f"<tool_call>\n{line}\n</tool_call>" for line in _lines(calls[::-1]))
     for text in (one_block, blocks, reversed_blocks):
         parsed = parse_completion(text)
-        assert parsed.ok and [c.name for c in parsed.calls] == [c["name"] for c in json.loads(
-            "[" + ",".join(_lines(calls if text != reversed_blocks else calls[::-1])) + "]")]
+        assert parsed.ok and [c.name for c in parsed.calls] == [
+            c["name"]
+            for c in json.loads("[" + ",".join(_lines(calls if text != reversed_blocks else calls[::-1])) + "]")
+        ]
         # format 1, ToolRL full marks, BFCL correct, and evaluate's format rate is the reward's
         assert _score(task, text, e) == (1.0, 3.0, True, 1.0), text
     # text between blocks: still the right calls (correctness, BFCL), but not the instructed form

@@ -68,14 +68,16 @@ def test_missing_duplicated_or_competing_instructions_are_clear_errors(task, exa
     # the checked rendering refuses it, since removing our instruction would leave that one.
     competing = tiny_tokenizer()
     competing.chat_template = competing.chat_template.replace(
-        "'\\n</tools><|im_end|>\\n'", "'\\n</tools>\\nReturn each call in <tool_call></tool_call> tags.<|im_end|>\\n'")
+        "'\\n</tools><|im_end|>\\n'", "'\\n</tools>\\nReturn each call in <tool_call></tool_call> tags.<|im_end|>\\n'"
+    )
     templated = competing.apply_chat_template(e.messages, tools=e.tools, tokenize=False, add_generation_prompt=True)
     with pytest.raises(FormatInstructionError, match="outside the call-format instruction"):
         check_format_instruction(templated, FORMAT_INSTRUCTION, e.id)
     # a template that loses or mangles the instruction (here: escapes "<") is refused
     escaping = tiny_tokenizer()
     escaping.chat_template = escaping.chat_template.replace(
-        "messages[0]['content'] + '<|im_end|>", "messages[0]['content'].replace('<', '&lt;') + '<|im_end|>")
+        "messages[0]['content'] + '<|im_end|>", "messages[0]['content'].replace('<', '&lt;') + '<|im_end|>"
+    )
     with pytest.raises(FormatInstructionError, match="does not occur"):
         task.render_prompt(e, escaping)
     # the counterfactual (instruction removed) renders through the same checked path: allowed, and

@@ -31,19 +31,33 @@ FMT, CORR = FormatVerifier(), CorrectnessVerifier()
 
 
 def example(ground_truth, functions=None, category="simple_python") -> Example:
-    return Example(id="t", split="eval", messages=[{"role": "system", "content": FORMAT_INSTRUCTION}],
-                   gold={"ground_truth": ground_truth, "expects_call": bool(ground_truth)},
-                   meta={"category": category, "functions": functions or []})
+    return Example(
+        id="t",
+        split="eval",
+        messages=[{"role": "system", "content": FORMAT_INSTRUCTION}],
+        gold={"ground_truth": ground_truth, "expects_call": bool(ground_truth)},
+        meta={"category": category, "functions": functions or []},
+    )
 
 
 def block(*calls) -> str:
     return render_tool_calls([{"name": n, "arguments": a} for n, a in calls])
 
 
-WEATHER = example([{"get_weather": {"city": ["Paris"], "unit": ["C"]}}], [{
-    "name": "get_weather", "description": "Weather.",
-    "parameters": {"type": "dict", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-                   "required": ["city", "unit"]}}])
+WEATHER = example(
+    [{"get_weather": {"city": ["Paris"], "unit": ["C"]}}],
+    [
+        {
+            "name": "get_weather",
+            "description": "Weather.",
+            "parameters": {
+                "type": "dict",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                "required": ["city", "unit"],
+            },
+        }
+    ],
+)
 
 
 def test_verifiers_follow_the_protocol():
@@ -62,14 +76,25 @@ def test_spec_reference_numbers():
 
 
 def test_no_parsable_call_scores_minus_three():
-    for bad in ("", "It is sunny in Paris.", "<tool_call>{\"name\": \"get_weather\"</tool_call>",
-                "x" * 200_000, None, b"\xff\x00"):
+    for bad in (
+        "",
+        "It is sunny in Paris.",
+        '<tool_call>{"name": "get_weather"</tool_call>',
+        "x" * 200_000,
+        None,
+        b"\xff\x00",
+    ):
         assert CORR(bad, WEATHER) == -3.0
         assert FMT(bad, WEATHER) == 0.0
 
 
-PLAY = example([{"spotify.play": {"artist": ["Taylor Swift"], "duration": [20]}},
-                {"spotify.play": {"artist": ["Maroon 5"], "duration": [15]}}], category="parallel")
+PLAY = example(
+    [
+        {"spotify.play": {"artist": ["Taylor Swift"], "duration": [20]}},
+        {"spotify.play": {"artist": ["Maroon 5"], "duration": [15]}},
+    ],
+    category="parallel",
+)
 
 
 def test_hand_computed_parallel_scores():
@@ -115,8 +140,10 @@ def test_value_matching_mirrors_bfcl():
     assert not value_matches({"milk": "coconut"}, nested)
     assert value_matches([{"x": 60.2, "y": 12.3}], [[{"x": [60.2], "y": [12.3]}]])
     # below a nested possible answer, values are concrete (live_multiple_121-46-0)
-    assert value_matches({"position": {"lateral": 10.5, "longitudinal": 50}},
-                         [{"position": [{"lateral": 10.5, "longitudinal": 50}], "orientation": ["", 30]}])
+    assert value_matches(
+        {"position": {"lateral": 10.5, "longitudinal": 50}},
+        [{"position": [{"lateral": 10.5, "longitudinal": 50}], "orientation": ["", 30]}],
+    )
 
 
 def test_schema_reconciliation_matches_bfcl():
@@ -136,8 +163,13 @@ IRRELEVANT = example([], category="irrelevance")
 def test_no_call_expected():
     # ToolRL: a row whose answer holds no call scores 0 on correctness whatever the completion;
     # whether the model refrained is the format reward's business.
-    for text in ("None of the functions can compute that.", block(("f", {"a": 1})), "f(a=1)",
-                 "<tool_call>{broken</tool_call>", ""):
+    for text in (
+        "None of the functions can compute that.",
+        block(("f", {"a": 1})),
+        "f(a=1)",
+        "<tool_call>{broken</tool_call>",
+        "",
+    ):
         assert CORR(text, IRRELEVANT) == 0.0, text
     assert CorrectnessVerifier(call_when_none_expected=-3.0)(block(("f", {"a": 1})), IRRELEVANT) == -3.0
     assert CorrectnessVerifier(call_when_none_expected=-1.0)("f(a=1)", IRRELEVANT) == -1.0
@@ -145,8 +177,15 @@ def test_no_call_expected():
     with pytest.raises(ValueError):
         CorrectnessVerifier(call_when_none_expected=-4.0)
     assert FMT("I cannot help with that using these functions.", IRRELEVANT) == 1.0
-    for text in ("", "  ", block(("f", {})), "f(a=1)", '{"name": "f", "arguments": {}}',
-                 "no <tool_call> here", "x" * 200_000):
+    for text in (
+        "",
+        "  ",
+        block(("f", {})),
+        "f(a=1)",
+        '{"name": "f", "arguments": {}}',
+        "no <tool_call> here",
+        "x" * 200_000,
+    ):
         assert FMT(text, IRRELEVANT) == 0.0, text[:40]
 
 
@@ -157,13 +196,18 @@ def test_format_is_strict_about_the_instructed_shape():
     assert FMT(block(("a", {}), ("b", {"x": 1})), PLAY) == 1.0
     two_blocks = block(("a", {})) + "\n" + block(("b", {"x": 1}))
     assert FMT(two_blocks, PLAY) == 1.0  # several blocks: the instruction allows it (parallel calls)
-    for bad in (two_blocks + "\nDone.", "Here you go:\n" + good, good + "\nDone.",
-                '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}',
-                "get_weather(city='Paris', unit='C')", "```json\n" + good[11:-12] + "\n```",
-                '<tool_call>\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n</tool_call>',
-                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}, "id": 1}\n</tool_call>',
-                "<tool_call>\n{'name': 'get_weather', 'arguments': {}}\n</tool_call>",
-                "<tool_call>\n</tool_call>"):
+    for bad in (
+        two_blocks + "\nDone.",
+        "Here you go:\n" + good,
+        good + "\nDone.",
+        '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}',
+        "get_weather(city='Paris', unit='C')",
+        "```json\n" + good[11:-12] + "\n```",
+        '<tool_call>\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}, "id": 1}\n</tool_call>',
+        "<tool_call>\n{'name': 'get_weather', 'arguments': {}}\n</tool_call>",
+        "<tool_call>\n</tool_call>",
+    ):
         assert FMT(bad, WEATHER) == 0.0, bad
     assert FMT("\n  " + good + "\n", WEATHER) == 1.0
 
@@ -173,11 +217,18 @@ def test_evidence():
     assert (ev.text, ev.placement) == (FORMAT_INSTRUCTION, "in_prompt")
     assert "For example:\n<tool_call>\n" in ev.text  # the whole instruction, example included
     mine = "Answer as <tool_call>{json}</tool_call>."
-    own = Example("u", "train", [{"role": "system", "content": "Tools.\n" + mine}, {"role": "user", "content": "q"}],
-                  WEATHER.gold, meta={**WEATHER.meta, "format_instruction": mine})
+    own = Example(
+        "u",
+        "train",
+        [{"role": "system", "content": "Tools.\n" + mine}, {"role": "user", "content": "q"}],
+        WEATHER.gold,
+        meta={**WEATHER.meta, "format_instruction": mine},
+    )
     assert FMT.evidence(own).text == mine
-    for messages in ([{"role": "user", "content": "q"}],
-                     [{"role": "system", "content": mine + mine}, {"role": "user", "content": "q"}]):
+    for messages in (
+        [{"role": "user", "content": "q"}],
+        [{"role": "system", "content": mine + mine}, {"role": "user", "content": "q"}],
+    ):
         with pytest.raises(ValueError, match="exactly once"):
             FMT.evidence(Example("u", "train", messages, WEATHER.gold, meta=own.meta))
     ev = CORR.evidence(WEATHER)

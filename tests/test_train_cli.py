@@ -21,8 +21,13 @@ import yaml
 from mrtpo.config import TRAIN_DEFAULTS, load_config
 from mrtpo.train import main
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "OMP_NUM_THREADS": "1",
-       "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 SMALL = ["task_args={sample_rows: 0}", "train_size=4", "max_completion_length=12", "save_steps=1"]
 
 
@@ -42,8 +47,19 @@ def test_layers_defaults_yaml_flags_overrides(tmp_path):
     # YAML 1.1 reads 1e-5 as a string: the loader turns it into the field's float.
     first.write_text("learning_rate: 1e-5\ntemperature: 0.7\nmax_steps: 7\nnum_generations: 2\nlam: 0.5\n")
     second.write_text("temperature: 0.9\ntrain_size: 16\n")
-    ns_args = ["--config", str(first), "--config", str(second), "--max-steps", "3", "--seed", "1",
-               "--output-dir", str(tmp_path / "out"), "seed=2"]
+    ns_args = [
+        "--config",
+        str(first),
+        "--config",
+        str(second),
+        "--max-steps",
+        "3",
+        "--seed",
+        "1",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "seed=2",
+    ]
     from mrtpo.train import _parser, resolve_from_argv
 
     config, checkpoint = resolve_from_argv(_parser().parse_args(ns_args))
@@ -75,8 +91,23 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def cli_run(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "run"
-    cmd = [sys.executable, "-m", "mrtpo.cli", "train", "--task", "sql", "--method", "mrtpo", "--model", str(tiny_dir),
-           "--output-dir", str(out), "--max-steps", "2", *SMALL]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "train",
+        "--task",
+        "sql",
+        "--method",
+        "mrtpo",
+        "--model",
+        str(tiny_dir),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        *SMALL,
+    ]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=ENV, timeout=300)
     return out, proc
 
@@ -89,15 +120,22 @@ def test_train_command_writes_the_run_folder(cli_run):
         assert f"step {step}/2 | reward" in proc.stdout + proc.stderr
     assert "format" in proc.stdout + proc.stderr and "report:" in proc.stdout
     # What it chose for this CPU, and why: full fine-tuning keeps float32 weights on any CPU.
-    assert re.search(r"^CPU with(out AVX512-BF16/AMX| [A-Z0-9_/]+): float32 weights \(full fine-tuning", proc.stdout,
-                     re.M)
+    assert re.search(
+        r"^CPU with(out AVX512-BF16/AMX| [A-Z0-9_/]+): float32 weights \(full fine-tuning", proc.stdout, re.M
+    )
 
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
-        for key in ("rewards/format/mean", "rewards/executes/mean", "rewards/result/mean", "time/replay",
-                    "skip/zero_spread/executes", "skip/contexts_skipped"):
+        for key in (
+            "rewards/format/mean",
+            "rewards/executes/mean",
+            "rewards/result/mean",
+            "time/replay",
+            "skip/zero_spread/executes",
+            "skip/contexts_skipped",
+        ):
             assert key in r, key
         # executes' replays run only in groups where it has a spread (a random policy rarely has one)
         assert ("credit/executes/relevance_mean" in r) == (r["skip/zero_spread/executes"] < 1)
@@ -164,8 +202,18 @@ def test_resume_continues_the_same_run(tiny_dir, tmp_path, monkeypatch, one_thre
     original = SqlTask.verifiers
     monkeypatch.setattr(SqlTask, "verifiers", lambda self: [*original(self), CharCode()])
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    base = ["--task", "sql", "--model", str(tiny_dir), "--max-steps", "2", "--learning-rate", "0.01",
-            "report=false", *SMALL]
+    base = [
+        "--task",
+        "sql",
+        "--model",
+        str(tiny_dir),
+        "--max-steps",
+        "2",
+        "--learning-rate",
+        "0.01",
+        "report=false",
+        *SMALL,
+    ]
     assert main([*base, "--output-dir", str(full)]) == 0
 
     # An interrupted run: its folder holds checkpoint-1 and the lines it logged after it.
@@ -230,10 +278,19 @@ def test_prompt_rendering_check_catches_a_task_that_renders_differently(tiny_dir
     from mrtpo.tasks.sql import SqlTask
     from mrtpo.train import PromptMismatchError, build_trainer
 
-    monkeypatch.setattr(SqlTask, "render_prompt", lambda self, ex, tok: "Plain: " + ex.messages[-1]["content"],
-                        raising=False)
-    config = load_config([], {"task": "sql", "model": str(tiny_dir), "output_dir": str(tmp_path), "train_size": 4,
-                              "task_args": {"sample_rows": 0}})
+    monkeypatch.setattr(
+        SqlTask, "render_prompt", lambda self, ex, tok: "Plain: " + ex.messages[-1]["content"], raising=False
+    )
+    config = load_config(
+        [],
+        {
+            "task": "sql",
+            "model": str(tiny_dir),
+            "output_dir": str(tmp_path),
+            "train_size": 4,
+            "task_args": {"sample_rows": 0},
+        },
+    )
     with pytest.raises(PromptMismatchError, match="renders the prompt of 'spider-dev-0' differently"):
         build_trainer(config)
 
@@ -262,8 +319,27 @@ def test_lora_run_trains_only_the_adapters_and_explain_loads_them(tiny_dir, tmp_
     monkeypatch.setattr(SqlTask, "verifiers", lambda self: [*original(self), CharCode()])
     out = tmp_path / "lora"
     # The CPU demo's setup: LoRA on bf16 base weights, activation checkpointing.
-    assert main(["--task", "sql", "--model", str(tiny_dir), "--output-dir", str(out), "--max-steps", "2",
-                 "--lora-r", "4", "dtype=bfloat16", "activation_checkpointing=true", "report=false", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "--task",
+                "sql",
+                "--model",
+                str(tiny_dir),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "2",
+                "--lora-r",
+                "4",
+                "dtype=bfloat16",
+                "activation_checkpointing=true",
+                "report=false",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["lora_r"] == 4 and saved["learning_rate"] == 2e-5  # LoRA's default learning rate
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
@@ -275,8 +351,23 @@ def test_lora_run_trains_only_the_adapters_and_explain_loads_them(tiny_dir, tmp_
     assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapters.items())  # B starts at 0
     assert all(v.dtype == torch.float32 for v in adapters.values())  # adapters train in fp32 on a bf16 base
     html = tmp_path / "explain.html"
-    assert explain_main(["--task", "sql", "--model", str(ckpt), "--completion", "SELECT 1", "--task-arg",
-                         "sample_rows=0", "--out", str(html)]) == 0
+    assert (
+        explain_main(
+            [
+                "--task",
+                "sql",
+                "--model",
+                str(ckpt),
+                "--completion",
+                "SELECT 1",
+                "--task-arg",
+                "sample_rows=0",
+                "--out",
+                str(html),
+            ]
+        )
+        == 0
+    )
     assert "class='tok'" in html.read_text()
 
 
@@ -285,8 +376,19 @@ def test_cpu_demo_config_runs_one_step_on_the_default_model(tmp_path):
     """The README's command (configs/cpu-demo.yaml) on the real 0.5B model, cut to one step."""
     out = tmp_path / "demo"
     config = Path(__file__).resolve().parents[1] / "configs" / "cpu-demo.yaml"
-    cmd = [sys.executable, "-m", "mrtpo.cli", "train", "--config", str(config), "--output-dir", str(out),
-           "--max-steps", "1", "save_steps=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "train",
+        "--config",
+        str(config),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "1",
+        "save_steps=1",
+    ]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=ENV, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     step = next(json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x)
@@ -296,14 +398,25 @@ def test_cpu_demo_config_runs_one_step_on_the_default_model(tmp_path):
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
-def test_a_fresh_run_in_a_used_folder_is_refused_unless_told_to_overwrite(cli_run, tiny_dir, tmp_path, capsys,
-                                                                          one_thread):
+def test_a_fresh_run_in_a_used_folder_is_refused_unless_told_to_overwrite(
+    cli_run, tiny_dir, tmp_path, capsys, one_thread
+):
     out, proc = cli_run
     assert proc.returncode == 0
     again = tmp_path / "again"
     shutil.copytree(out, again)
-    fresh = ["--task", "sql", "--model", str(tiny_dir), "--output-dir", str(again), "--max-steps", "1", "report=false",
-             *SMALL]
+    fresh = [
+        "--task",
+        "sql",
+        "--model",
+        str(tiny_dir),
+        "--output-dir",
+        str(again),
+        "--max-steps",
+        "1",
+        "report=false",
+        *SMALL,
+    ]
     before = {p: p.read_bytes() for p in again.rglob("*") if p.is_file()}
     assert main(fresh) == 2
     assert f"{again} already holds a run" in capsys.readouterr().err

@@ -33,19 +33,37 @@ def plain_length(completions, **kwargs):
 def dataset(constraint=CONSTRAINT):
     rows = []
     for i, topic in enumerate(["cats", "rain", "tea", "maps"]):
-        rows.append({
-            "prompt": [{"role": "system", "content": f"Answer briefly. {CONSTRAINT}"},
-                       {"role": "user", "content": f"Tell me about {topic}."}],
-            "constraint": constraint, "gold": f"about {topic}", "example_id": f"ex{i}",
-        })
+        rows.append(
+            {
+                "prompt": [
+                    {"role": "system", "content": f"Answer briefly. {CONSTRAINT}"},
+                    {"role": "user", "content": f"Tell me about {topic}."},
+                ],
+                "constraint": constraint,
+                "gold": f"about {topic}",
+                "example_id": f"ex{i}",
+            }
+        )
     return Dataset.from_list(rows)
 
 
 def config(tmp_path, **kw):
     base = dict(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[],
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=2,
-        logging_steps=1, save_strategy="no", learning_rate=1e-3, seed=0, temperature=1.0, credit_samples=2,
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        report_to=[],
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+        seed=0,
+        temperature=1.0,
+        credit_samples=2,
     )
     base.update(kw)
     return MRTPOConfig(**base)
@@ -53,8 +71,13 @@ def config(tmp_path, **kw):
 
 def make_trainer(tmp_path, reward_funcs, **kw):
     model, tok = tiny_policy(seed=0)
-    return MRTPOTrainer(model=model, processing_class=tok, reward_funcs=reward_funcs,
-                        args=config(tmp_path, **kw), train_dataset=dataset())
+    return MRTPOTrainer(
+        model=model,
+        processing_class=tok,
+        reward_funcs=reward_funcs,
+        args=config(tmp_path, **kw),
+        train_dataset=dataset(),
+    )
 
 
 def record_batches(trainer):
@@ -63,8 +86,13 @@ def record_batches(trainer):
 
     def wrapped(inputs):
         out = original(inputs)
-        seen.append({"out": {k: v.clone() if torch.is_tensor(v) else v for k, v in out.items()},
-                     "rewards": trainer._last_rewards.clone(), "trl": trainer._trl_advantages.clone()})
+        seen.append(
+            {
+                "out": {k: v.clone() if torch.is_tensor(v) else v for k, v in out.items()},
+                "rewards": trainer._last_rewards.clone(),
+                "trl": trainer._trl_advantages.clone(),
+            }
+        )
         return out
 
     trainer._generate_and_score_completions = wrapped
@@ -87,10 +115,20 @@ def test_mrtpo_training_step_end_to_end(tmp_path):
         torch.testing.assert_close(gdpo_advantages(batch["rewards"], 2), batch["trl"], atol=1e-4, rtol=1e-4)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*lines)
-    for key in ("loss", "time/generation", "time/scoring", "time/replay", "time/update",
-                "credit/char_code/top10_share", "credit/char_code/weight_entropy",
-                "credit/char_code/relevance_mean", "credit/top10_overlap/char_code~plain_length",
-                "rewards/has_letter_e/mean", "skip/zero_spread/has_letter_e", "skip/contexts_skipped"):
+    for key in (
+        "loss",
+        "time/generation",
+        "time/scoring",
+        "time/replay",
+        "time/update",
+        "credit/char_code/top10_share",
+        "credit/char_code/weight_entropy",
+        "credit/char_code/relevance_mean",
+        "credit/top10_overlap/char_code~plain_length",
+        "rewards/has_letter_e/mean",
+        "skip/zero_spread/has_letter_e",
+        "skip/contexts_skipped",
+    ):
         assert key in keys, key
     # The random policy never writes an "e": that reward has no spread, its replays are skipped and it
     # gives no credit to describe.
@@ -98,6 +136,7 @@ def test_mrtpo_training_step_end_to_end(tmp_path):
     assert "credit/has_letter_e/top10_share" not in keys
     # the process's peak resident memory (this test process holds at least the ~100 MB of torch)
     import resource
+
     peaks = [x["memory/peak_gib"] for x in lines if "memory/peak_gib" in x]
     assert peaks and 0.1 < peaks[-1] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     samples = [json.loads(x) for x in (tmp_path / "credit_samples.jsonl").read_text().splitlines()]
@@ -134,8 +173,13 @@ def test_baseline_methods_run(tmp_path, method):
 def test_missing_evidence_span_is_an_error_naming_reward_and_example(tmp_path):
     model, tok = tiny_policy(seed=0)
     with pytest.raises(EvidenceNotFoundError, match="'has_letter_e' for example 'ex0'"):  # at start-up
-        MRTPOTrainer(model=model, processing_class=tok, reward_funcs=[has_letter_e],
-                     args=config(tmp_path, max_steps=1), train_dataset=dataset(constraint="Not in the prompt."))
+        MRTPOTrainer(
+            model=model,
+            processing_class=tok,
+            reward_funcs=[has_letter_e],
+            args=config(tmp_path, max_steps=1),
+            train_dataset=dataset(constraint="Not in the prompt."),
+        )
 
 
 def test_config_validation_messages(tmp_path):
@@ -151,8 +195,9 @@ def test_config_validation_messages(tmp_path):
         config(tmp_path, lam=2.0)
     with pytest.raises(ValueError, match="needs rewards with evidence"):
         make_trainer(tmp_path, [plain_length])
-    with pytest.raises(ValueError,
-                       match=r"reward_lam has 1 entries for 2 reward functions \(has_letter_e, char_code\)"):
+    with pytest.raises(
+        ValueError, match=r"reward_lam has 1 entries for 2 reward functions \(has_letter_e, char_code\)"
+    ):
         make_trainer(tmp_path, [has_letter_e, char_code], reward_lam=[0.5])
     with pytest.raises(ValueError, match="multi_objective_aggregation='sum_then_normalize' contradicts method='mrtpo'"):
         config(tmp_path, multi_objective_aggregation="sum_then_normalize")
@@ -172,9 +217,15 @@ def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch, gr
     from mrtpo.replay import replay_completion
     from mrtpo.verifiers import Example
 
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], max_steps=1,
-                           per_device_train_batch_size=8, replay_micro_batch=micro_batch,
-                           replay_groups_per_pass=groups_per_pass, credit_samples=4)
+    trainer = make_trainer(
+        tmp_path,
+        [has_letter_e, char_code, plain_length],
+        max_steps=1,
+        per_device_train_batch_size=8,
+        replay_micro_batch=micro_batch,
+        replay_groups_per_pass=groups_per_pass,
+        credit_samples=4,
+    )
     seen = record_batches(trainer)
     trainer.train()
     # 4 groups of 2 completions; has_letter_e has no spread (never replayed), char_code has in most groups:
@@ -194,11 +245,13 @@ def test_trainer_relevance_matches_a_standalone_replay(tmp_path, micro_batch, gr
         ids = sample["token_ids"]
         assert len(ids) == len(sample["tokens"]) > 0
         example = Example(id=row["example_id"], split="train", messages=row["prompt"])
-        result = replay_completion(model, tok, example, torch.tensor(ids),
-                                   [None, char_code.mrtpo_evidence.resolve(row), None])
+        result = replay_completion(
+            model, tok, example, torch.tensor(ids), [None, char_code.mrtpo_evidence.resolve(row), None]
+        )
         assert result.relevance[1].max() > 0
-        torch.testing.assert_close(result.relevance[1], torch.tensor(sample["relevance"]["char_code"]),
-                                   atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(
+            result.relevance[1], torch.tensor(sample["relevance"]["char_code"]), atol=1e-4, rtol=1e-3
+        )
 
 
 @pytest.mark.parametrize("groups_per_pass", [None, 1])
@@ -210,22 +263,28 @@ def test_replay_host_syncs_do_not_grow_with_the_groups(tmp_path, groups_per_pass
 
     counts = {}
     for batch in (4, 8):
-        trainer = make_trainer(tmp_path / str(batch), [has_letter_e, char_code, plain_length], max_steps=1,
-                               per_device_train_batch_size=batch, replay_groups_per_pass=groups_per_pass)
+        trainer = make_trainer(
+            tmp_path / str(batch),
+            [has_letter_e, char_code, plain_length],
+            max_steps=1,
+            per_device_train_batch_size=batch,
+            replay_groups_per_pass=groups_per_pass,
+        )
         original, seen = trainer._replay, []
 
         def counted(*args, _original=original, _seen=seen, _trainer=trainer, **kwargs):
             with HostTraffic(_trainer.model) as traffic:
                 result = _original(*args, **kwargs)
-            _seen.append((traffic.syncs, _trainer.replay_forward_calls,
-                          _trainer._replay_counts["completions_replayed"]))
+            _seen.append(
+                (traffic.syncs, _trainer.replay_forward_calls, _trainer._replay_counts["completions_replayed"])
+            )
             return result
 
         trainer._replay = counted
         trainer.train()
         counts[batch] = seen[0]
     (syncs_2, calls_2, rows_2), (syncs_4, calls_4, rows_4) = counts[4], counts[8]
-    assert rows_4 > rows_2 > 0                       # more groups replayed in the larger batch
+    assert rows_4 > rows_2 > 0  # more groups replayed in the larger batch
     passes_2, passes_4 = (1, 1) if groups_per_pass is None else (rows_2 // 2, rows_4 // 2)
     assert (calls_2, calls_4) == (3 * passes_2, 3 * passes_4)
     assert syncs_4 - passes_4 == syncs_2 - passes_2 <= 10
@@ -238,20 +297,25 @@ def unscorable(example_id, text):
 
 @evidence("constraint", placement="in_prompt")
 def letter_e_or_none(completions, example_id, **kwargs):
-    return [None if unscorable(i, completion_text(c)) else float("e" in completion_text(c))
-            for c, i in zip(completions, example_id)]
+    return [
+        None if unscorable(i, completion_text(c)) else float("e" in completion_text(c))
+        for c, i in zip(completions, example_id)
+    ]
 
 
 @evidence(lambda row: row["gold"], placement="privileged")
 def char_code_or_none(completions, example_id, **kwargs):
-    return [None if unscorable(i, completion_text(c)) or i == "ex2" else float(sum(map(ord, completion_text(c))) % 7)
-            for c, i in zip(completions, example_id)]
+    return [
+        None if unscorable(i, completion_text(c)) or i == "ex2" else float(sum(map(ord, completion_text(c))) % 7)
+        for c, i in zip(completions, example_id)
+    ]
 
 
 def test_none_rewards_match_trl(tmp_path):
     """Unscorable completions (every reward None) are out of the statistics and get 0, as in TRL."""
-    trainer = make_trainer(tmp_path, [letter_e_or_none, char_code_or_none], per_device_train_batch_size=8,
-                           num_generations=4)
+    trainer = make_trainer(
+        tmp_path, [letter_e_or_none, char_code_or_none], per_device_train_batch_size=8, num_generations=4
+    )
     seen = record_batches(trainer)
     trainer.train()
     mixed_group = False
@@ -306,8 +370,15 @@ def test_buffered_batches_keep_each_rows_advantages(tmp_path):
     and reuses a generation batch; every row the loss sees carries its own completion's advantages."""
     from mrtpo.trainer import SEQUENCE_ADVANTAGES_KEY
 
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code], per_device_train_batch_size=2, steps_per_generation=2,
-                           num_iterations=2, gradient_accumulation_steps=2, max_steps=4)
+    trainer = make_trainer(
+        tmp_path,
+        [has_letter_e, char_code],
+        per_device_train_batch_size=2,
+        steps_per_generation=2,
+        num_iterations=2,
+        gradient_accumulation_steps=2,
+        max_steps=4,
+    )
     events = []
     record_loss_inputs(trainer, events)
     trainer.train()
@@ -338,8 +409,16 @@ def test_off_policy_mask_keeps_or_drops_whole_sequences(tmp_path):
     """TRL's mask tests ``advantage >= 0``; with (B, T) advantages that would drop single tokens.
     The trainer decides it per sequence, by the sign of the sequence's GDPO advantage."""
     # the paper's weight shape (λ 1, no cap), under which tokens of both signs in one sequence are common
-    trainer = make_trainer(tmp_path, [vowel_count, char_code], off_policy_mask_threshold=-1.0, max_steps=2,
-                           per_device_train_batch_size=8, num_generations=4, lam=1.0, w_max=None)
+    trainer = make_trainer(
+        tmp_path,
+        [vowel_count, char_code],
+        off_policy_mask_threshold=-1.0,
+        max_steps=2,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        lam=1.0,
+        w_max=None,
+    )
     events, masks = [], []
     record_loss_inputs(trainer, events)
     original = trainer.get_off_policy_mask

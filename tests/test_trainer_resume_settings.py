@@ -19,13 +19,27 @@ import mrtpo.trainer.replay_step
 from mrtpo.train import main
 
 GYM = ["--task", "gym-constraints", "--model", "gym"]
-SMALL = ["task_args={policy: {steps: 3, batch_size: 8}}", "num_generations=4", "per_device_train_batch_size=8",
-         "max_completion_length=16", "report=false", "save_steps=1"]
+SMALL = [
+    "task_args={policy: {steps: 3, batch_size: 8}}",
+    "num_generations=4",
+    "per_device_train_batch_size=8",
+    "max_completion_length=16",
+    "report=false",
+    "save_steps=1",
+]
 #: run -> the settings it gives (relevance_top_k needs relevance js, so two runs); 3 rewards on gym-constraints
 RUNS = {
-    "kl": {"temperature": 0.7, "relevance": "kl", "lam": 0.6, "reward_lam": [0.9, 0.1, 0.5], "w_max": 1.5,
-           "reward_weights": [0.5, 2.0, 1.5], "credit_batch_norm": False, "privileged_header": "Hidden answer:",
-           "method": "contrast"},
+    "kl": {
+        "temperature": 0.7,
+        "relevance": "kl",
+        "lam": 0.6,
+        "reward_lam": [0.9, 0.1, 0.5],
+        "w_max": 1.5,
+        "reward_weights": [0.5, 2.0, 1.5],
+        "credit_batch_norm": False,
+        "privileged_header": "Hidden answer:",
+        "method": "contrast",
+    },
     "top_k": {"relevance_top_k": 5, "method": "mrtpo-contrastive", "temperature": 1.3},
 }
 
@@ -57,8 +71,11 @@ def train_recorded(monkeypatch, argv) -> Recorder:
     """``mrtpo train argv`` in this process; returns its exit code and what its trainer handed to the replay
     and the credit."""
     recorder = Recorder()
-    build, replay, texts = mrtpo.train.build_trainer, mrtpo.replay.batch_relevance, \
-        mrtpo.trainer.replay_step.counterfactual_texts
+    build, replay, texts = (
+        mrtpo.train.build_trainer,
+        mrtpo.replay.batch_relevance,
+        mrtpo.trainer.replay_step.counterfactual_texts,
+    )
 
     def building(*args, **kwargs):
         trainer = build(*args, **kwargs)
@@ -123,7 +140,7 @@ def test_saved_config_and_resume_carry_the_setting(runs, run, key):
     value = RUNS[run][key]
     record = runs[run]
     assert (record["first"].exit_code, record["resumed"].exit_code) == (0, 0), "both commands succeed"
-    assert record["saved"][key] == value                      # config.yaml holds it
+    assert record["saved"][key] == value  # config.yaml holds it
     first, resumed = handed_on(record["first"], key), handed_on(record["resumed"], key)
     assert first and resumed, "the setting was handed on in both runs"
     assert set(map(repr, first)) == set(map(repr, resumed)) == {repr(value)}  # the same, both runs

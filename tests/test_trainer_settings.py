@@ -44,30 +44,62 @@ PLACEMENTS = ["in_prompt", "privileged", None]
 
 
 def dataset():
-    return Dataset.from_list([
-        {"prompt": [{"role": "system", "content": f"Answer briefly. {constraint}"},
-                    {"role": "user", "content": f"Tell me about {topic}."}],
-         "constraint": constraint, "gold": f"about {topic}", "example_id": f"ex{i}"}
-        for i, (topic, constraint) in enumerate(zip(["cats", "rain", "tea", "maps"], CONSTRAINTS))
-    ])
+    return Dataset.from_list(
+        [
+            {
+                "prompt": [
+                    {"role": "system", "content": f"Answer briefly. {constraint}"},
+                    {"role": "user", "content": f"Tell me about {topic}."},
+                ],
+                "constraint": constraint,
+                "gold": f"about {topic}",
+                "example_id": f"ex{i}",
+            }
+            for i, (topic, constraint) in enumerate(zip(["cats", "rain", "tea", "maps"], CONSTRAINTS))
+        ]
+    )
 
 
 def one_step(tmp_path, rollout_func=None, **settings):
     """One training step (2 prompts × 4 completions); returns the trainer's batch and the rows it came from."""
     model, tok = tiny_policy(seed=0)
     args = MRTPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[],
-        per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=1,
-        logging_steps=1, save_strategy="no", learning_rate=1e-3, seed=0, credit_samples=0, **settings)
-    trainer = MRTPOTrainer(model=model, processing_class=tok, reward_funcs=REWARDS, args=args,
-                           train_dataset=dataset(), rollout_func=rollout_func)
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        report_to=[],
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+        seed=0,
+        credit_samples=0,
+        **settings,
+    )
+    trainer = MRTPOTrainer(
+        model=model,
+        processing_class=tok,
+        reward_funcs=REWARDS,
+        args=args,
+        train_dataset=dataset(),
+        rollout_func=rollout_func,
+    )
     seen = []
     original = trainer._generate_and_score_completions
 
     def recorded(inputs):
         out = original(inputs)
-        seen.append((list(inputs), {k: v.clone() if torch.is_tensor(v) else v for k, v in out.items()},
-                     trainer._last_rewards.clone()))
+        seen.append(
+            (
+                list(inputs),
+                {k: v.clone() if torch.is_tensor(v) else v for k, v in out.items()},
+                trainer._last_rewards.clone(),
+            )
+        )
         return out
 
     trainer._generate_and_score_completions = recorded
@@ -83,7 +115,9 @@ def reference_batch(inputs, out, rewards, credit_mask=None) -> Batch:
         prompt_ids=[ids[keep].tolist() for ids, keep in zip(out["prompt_ids"], out["prompt_mask"].bool())],
         completions=[ids[keep].tolist() for ids, keep in zip(out["completion_ids"], completion_mask)],
         mask=completion_mask.double() if credit_mask is None else credit_mask.double(),
-        rewards=rewards, group=4)
+        rewards=rewards,
+        group=4,
+    )
 
 
 #: case -> (MRTPOConfig settings, the reference's settings, the reference's settings with it dropped).
@@ -95,21 +129,34 @@ CASES = {
     "relevance_logratio": ({"relevance": "logratio", **PAPER}, {"relevance": "logratio", **PAPER}, [{**PAPER}]),
     "relevance_top_k": ({"relevance_top_k": 2, **PAPER}, {"top_k": 2, **PAPER}, [{**PAPER}]),
     "lam": ({"lam": 0.6, "w_max": None}, {"lam": 0.6, "w_max": None}, [PAPER, {"w_max": None}]),
-    "reward_lam": ({"reward_lam": [0.9, 0.1, 0.5], "w_max": None}, {"reward_lam": [0.9, 0.1, 0.5], "w_max": None},
-                   [{"w_max": None}, PAPER]),
+    "reward_lam": (
+        {"reward_lam": [0.9, 0.1, 0.5], "w_max": None},
+        {"reward_lam": [0.9, 0.1, 0.5], "w_max": None},
+        [{"w_max": None}, PAPER],
+    ),
     "w_max": ({"lam": 1.0, "w_max": 1.3}, {"lam": 1.0, "w_max": 1.3}, [PAPER]),
     "shipped_defaults": ({}, {}, [PAPER, {"w_max": None}]),
-    "reward_weights": ({"reward_weights": [0.5, 2.0, 1.5], **PAPER}, {"reward_weights": [0.5, 2.0, 1.5], **PAPER},
-                       [PAPER]),
-    "privileged_header": ({"privileged_header": "Hidden answer:", **PAPER}, {"header": "Hidden answer:", **PAPER},
-                          [PAPER]),
+    "reward_weights": (
+        {"reward_weights": [0.5, 2.0, 1.5], **PAPER},
+        {"reward_weights": [0.5, 2.0, 1.5], **PAPER},
+        [PAPER],
+    ),
+    "privileged_header": (
+        {"privileged_header": "Hidden answer:", **PAPER},
+        {"header": "Hidden answer:", **PAPER},
+        [PAPER],
+    ),
     "credit_batch_norm": ({"credit_batch_norm": False, **PAPER}, {"batch_norm": False, **PAPER}, [PAPER]),
-    **{f"method_{m}": ({"method": m, **PAPER}, {"method": m, **PAPER}, [PAPER])
-       for m in ("grpo", "gdpo", "contrast", "mrtpo-contrastive", "mrtpo-swapped")},
+    **{
+        f"method_{m}": ({"method": m, **PAPER}, {"method": m, **PAPER}, [PAPER])
+        for m in ("grpo", "gdpo", "contrast", "mrtpo-contrastive", "mrtpo-swapped")
+    },
     # the entropy map is the policy's own at the sampling temperature
-    "method_entropy": ({"method": "entropy", "temperature": 0.5, **PAPER},
-                       {"method": "entropy", "temperature": 0.5, **PAPER},
-                       [{"temperature": 0.5, **PAPER}, {"method": "entropy", **PAPER}]),
+    "method_entropy": (
+        {"method": "entropy", "temperature": 0.5, **PAPER},
+        {"method": "entropy", "temperature": 0.5, **PAPER},
+        [{"temperature": 0.5, **PAPER}, {"method": "entropy", **PAPER}],
+    ),
 }
 
 
@@ -144,10 +191,18 @@ def test_tool_mask_is_the_credit_mask(tmp_path, monkeypatch):
         tok = trainer.processing_class
         generator = torch.Generator().manual_seed(1)
         completions = [torch.randint(32, 127, (n,), generator=generator).tolist() for n in lengths]
-        prompt_ids = [tok(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False),
-                          add_special_tokens=False)["input_ids"] for p in prompts]
-        return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": None,
-                "env_mask": [m[:n] for m, n in zip(env_mask, lengths)]}
+        prompt_ids = [
+            tok(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False), add_special_tokens=False)[
+                "input_ids"
+            ]
+            for p in prompts
+        ]
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completions,
+            "logprobs": None,
+            "env_mask": [m[:n] for m, n in zip(env_mask, lengths)],
+        }
 
     inputs, out, rewards = one_step(tmp_path, rollout_func=rollout, **PAPER)
     completion_mask = out["completion_mask"].double()
@@ -157,6 +212,7 @@ def test_tool_mask_is_the_credit_mask(tmp_path, monkeypatch):
     check_against_reference(inputs, out, rewards, {**PAPER}, [], credit_mask)
     # without the tool mask the tool-result tokens would carry credit
     model, tok = tiny_policy(seed=0)
-    unmasked = reference_advantages(model, tok, reference_batch(inputs, out, rewards),
-                                    Settings(placements=PLACEMENTS, **PAPER))
+    unmasked = reference_advantages(
+        model, tok, reference_batch(inputs, out, rewards), Settings(placements=PLACEMENTS, **PAPER)
+    )
     assert unmasked[(credit_mask == 0) & (completion_mask > 0)].abs().min() > MARGIN

@@ -21,12 +21,22 @@ G = 3
 #: group 1: only char_code spreads (has_letter_e has one valid value: zero spread);
 #: group 2: every reward constant (nothing to replay, under every method);
 #: group 3: only plain_length (no evidence) spreads: mrtpo replays nothing, contrast / entropy need their map.
-REWARDS = torch.tensor([
-    [1.0, 2.0, 0.5], [0.0, 5.0, 0.5], [1.0, 1.0, 0.5],
-    [1.0, 3.0, 0.2], [NAN, 0.0, 0.2], [NAN, 6.0, 0.2],
-    [0.0, 4.0, 0.7], [0.0, 4.0, 0.7], [0.0, 4.0, 0.7],
-    [1.0, 2.0, 0.1], [1.0, 2.0, 0.9], [1.0, 2.0, 0.4],
-])
+REWARDS = torch.tensor(
+    [
+        [1.0, 2.0, 0.5],
+        [0.0, 5.0, 0.5],
+        [1.0, 1.0, 0.5],
+        [1.0, 3.0, 0.2],
+        [NAN, 0.0, 0.2],
+        [NAN, 6.0, 0.2],
+        [0.0, 4.0, 0.7],
+        [0.0, 4.0, 0.7],
+        [0.0, 4.0, 0.7],
+        [1.0, 2.0, 0.1],
+        [1.0, 2.0, 0.9],
+        [1.0, 2.0, 0.4],
+    ]
+)
 LENGTHS = [5, 7, 3, 6, 6, 2, 4, 7, 5, 7, 1, 6]
 
 
@@ -42,8 +52,12 @@ def synthetic_batch(trainer):
     t = max(LENGTHS)
     completion_mask = (torch.arange(t).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)).long()
     completion_ids = torch.where(completion_mask.bool(), torch.randint(97, 123, (len(LENGTHS), t), generator=gen), pad)
-    return inputs, {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-                    "completion_mask": completion_mask}
+    return inputs, {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+    }
 
 
 def count_forwards(model):
@@ -52,17 +66,25 @@ def count_forwards(model):
     return calls
 
 
-@pytest.mark.parametrize("method, calls_all, calls_skipped, counts", [
-    # a replayed group: the original prompt, the counterfactuals' tokens after their departure from
-    # it, its completions (3 calls, any C; 2 with the original alone)
-    # mrtpo: group 0 replays base + 2 counterfactuals, group 1 base + char_code's; groups 2, 3 nothing
-    ("mrtpo", 4 * 3, 2 * 3, (6, 6, 3, 5)),
-    ("contrast", 4 * 3, 3 * 3, (9, 3, 3, 1)),  # the joint map: every group but 2
-    ("entropy", 4 * 2, 3 * 2, (9, 3, 0, 0)),  # the base context's entropy: all but group 2
-])
+@pytest.mark.parametrize(
+    "method, calls_all, calls_skipped, counts",
+    [
+        # a replayed group: the original prompt, the counterfactuals' tokens after their departure from
+        # it, its completions (3 calls, any C; 2 with the original alone)
+        # mrtpo: group 0 replays base + 2 counterfactuals, group 1 base + char_code's; groups 2, 3 nothing
+        ("mrtpo", 4 * 3, 2 * 3, (6, 6, 3, 5)),
+        ("contrast", 4 * 3, 3 * 3, (9, 3, 3, 1)),  # the joint map: every group but 2
+        ("entropy", 4 * 2, 3 * 2, (9, 3, 0, 0)),  # the base context's entropy: all but group 2
+    ],
+)
 def test_skipping_zero_coefficient_replays_keeps_the_advantages(tmp_path, method, calls_all, calls_skipped, counts):
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], method=method,
-                           per_device_train_batch_size=12, num_generations=G)
+    trainer = make_trainer(
+        tmp_path,
+        [has_letter_e, char_code, plain_length],
+        method=method,
+        per_device_train_batch_size=12,
+        num_generations=G,
+    )
     inputs, out = synthetic_batch(trainer)
     coefficients = reward_coefficients(REWARDS, G)
     calls = count_forwards(trainer.model)
@@ -77,9 +99,15 @@ def test_skipping_zero_coefficient_replays_keeps_the_advantages(tmp_path, method
     config_ = CreditConfig()
     advantages = []
     for maps in (everything, skipped):
-        batch = CreditBatch(rewards=REWARDS, group_size=G, mask=mask, relevance=maps["relevance"],
-                            joint_relevance=maps["joint_relevance"], entropy=maps["entropy"],
-                            has_evidence=maps["has_evidence"])
+        batch = CreditBatch(
+            rewards=REWARDS,
+            group_size=G,
+            mask=mask,
+            relevance=maps["relevance"],
+            joint_relevance=maps["joint_relevance"],
+            entropy=maps["entropy"],
+            has_evidence=maps["has_evidence"],
+        )
         advantages.append(get_method(method)(batch, config_))
     torch.testing.assert_close(advantages[1], advantages[0], atol=1e-6, rtol=0)
     # Not vacuous: replayed groups have token-varying advantages, the skipped ones were replayed before.
@@ -97,8 +125,9 @@ def test_zero_spread_is_decided_per_reward_not_on_the_sum(tmp_path):
     """Two rewards that differ but sum to the same total in every completion: the summed reward has no
     spread, yet each reward's advantage moves tokens, so both counterfactuals are replayed."""
     rewards = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]] * 4)
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], per_device_train_batch_size=12,
-                           num_generations=G)
+    trainer = make_trainer(
+        tmp_path, [has_letter_e, char_code, plain_length], per_device_train_batch_size=12, num_generations=G
+    )
     inputs, out = synthetic_batch(trainer)
     maps = trainer._replay(inputs, out, reward_coefficients(rewards, G))
     assert maps["has_evidence"][:, :2].all() and trainer._replay_counts["contexts_skipped"] == 0
@@ -108,8 +137,12 @@ def loss_inputs(trainer, advantages):
     """One micro-batch for TRL's loss: the synthetic batch with these ``(B, T)`` advantages."""
     _, out = synthetic_batch(trainer)
     mask = out["completion_mask"]
-    return {**out, "advantages": advantages * mask, "num_items_in_batch": mask.sum(),
-            SEQUENCE_ADVANTAGES_KEY: (advantages * mask).sum(1) / mask.sum(1)}
+    return {
+        **out,
+        "advantages": advantages * mask,
+        "num_items_in_batch": mask.sum(),
+        SEQUENCE_ADVANTAGES_KEY: (advantages * mask).sum(1) / mask.sum(1),
+    }
 
 
 def loss_and_grad(trainer, inputs):
@@ -144,15 +177,28 @@ def test_update_without_zero_advantage_rows_has_the_same_loss_and_gradient(tmp_p
     assert loss_none == 0 and all(torch.all(g == 0) for g in grad_none.values())
 
 
-@pytest.mark.parametrize("setting, skips", [
-    ({}, True), ({"loss_type": "cispo"}, True), ({"loss_type": "grpo"}, False),
-    ({"loss_type": "bnpo"}, False), ({"loss_type": "dr_grpo"}, False), ({"entropy_coef": 0.01}, False),
-    ({"top_entropy_quantile": 0.5}, False), ({"skip_zero_advantage": False}, False),
-])
+@pytest.mark.parametrize(
+    "setting, skips",
+    [
+        ({}, True),
+        ({"loss_type": "cispo"}, True),
+        ({"loss_type": "grpo"}, False),
+        ({"loss_type": "bnpo"}, False),
+        ({"loss_type": "dr_grpo"}, False),
+        ({"entropy_coef": 0.01}, False),
+        ({"top_entropy_quantile": 0.5}, False),
+        ({"skip_zero_advantage": False}, False),
+    ],
+)
 def test_update_skips_only_where_it_is_exact(tmp_path, setting, skips):
     model, tok = tiny_policy(seed=0)
-    trainer = MRTPOTrainer(model=model, processing_class=tok, reward_funcs=[has_letter_e, char_code],
-                           args=config(tmp_path, **setting), train_dataset=dataset())
+    trainer = MRTPOTrainer(
+        model=model,
+        processing_class=tok,
+        reward_funcs=[has_letter_e, char_code],
+        args=config(tmp_path, **setting),
+        train_dataset=dataset(),
+    )
     assert trainer._update_skips_zero_rows is skips
     trainer.beta = 0.04  # a KL term (beta > 0 would load a reference model by name)
     assert not trainer._skips_zero_rows()
@@ -161,16 +207,24 @@ def test_update_skips_only_where_it_is_exact(tmp_path, setting, skips):
 @evidence(lambda row: row["gold"], placement="privileged")
 def code_on_even_examples(completions, example_id, **kwargs):
     """``char_code`` on ex0 and ex2 (a spread in their groups), constant on ex1 and ex3."""
-    return [float(sum(map(ord, completion_text(c))) % 7) if int(i[-1]) % 2 == 0 else 1.0
-            for c, i in zip(completions, example_id)]
+    return [
+        float(sum(map(ord, completion_text(c))) % 7) if int(i[-1]) % 2 == 0 else 1.0
+        for c, i in zip(completions, example_id)
+    ]
 
 
 @pytest.mark.parametrize("method", ["mrtpo", "grpo"])
 def test_skip_metrics_and_zero_rows_through_the_trainer(tmp_path, method):
     """The logged zero-spread shares and skip counts against the batch's own rewards: the groups of
     ex1 and ex3 have no spread in either reward, so they are neither replayed nor in the update."""
-    trainer = make_trainer(tmp_path, [has_letter_e, code_on_even_examples], method=method, max_steps=2,
-                           per_device_train_batch_size=8, num_generations=4)
+    trainer = make_trainer(
+        tmp_path,
+        [has_letter_e, code_on_even_examples],
+        method=method,
+        max_steps=2,
+        per_device_train_batch_size=8,
+        num_generations=4,
+    )
     seen = record_batches(trainer)
     trainer.train()
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -202,8 +256,14 @@ def test_skip_zero_advantage_false_replays_and_updates_every_completion(tmp_path
     """``skip_zero_advantage=False`` (the GPU check: random weights score 0 everywhere) does the whole
     step's work: every group's every counterfactual is replayed, and no update row is left out, although
     the groups of ex1 and ex3 have no spread."""
-    trainer = make_trainer(tmp_path, [has_letter_e, code_on_even_examples], max_steps=2,
-                           per_device_train_batch_size=8, num_generations=4, skip_zero_advantage=False)
+    trainer = make_trainer(
+        tmp_path,
+        [has_letter_e, code_on_even_examples],
+        max_steps=2,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        skip_zero_advantage=False,
+    )
     seen = record_batches(trainer)
     trainer.train()
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

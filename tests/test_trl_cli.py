@@ -27,27 +27,66 @@ def _resolve(argv):
 # --------------------------------------------------------------------------------------------
 def test_field_flags_split_from_the_named_ones():
     parser = _parser()
-    rest, fields = split_argv(["--num_generations", "4", "--max_steps", "3", "--use_peft", "temperature=0.7",
-                               "--lora_target_modules", "q_proj", "v_proj", "--output_dir=runs/x",
-                               "--reward_weights", "1", "0.5", "--bf16", "false", "--beta=0.1", "--task", "sql"],
-                              parser)
+    rest, fields = split_argv(
+        [
+            "--num_generations",
+            "4",
+            "--max_steps",
+            "3",
+            "--use_peft",
+            "temperature=0.7",
+            "--lora_target_modules",
+            "q_proj",
+            "v_proj",
+            "--output_dir=runs/x",
+            "--reward_weights",
+            "1",
+            "0.5",
+            "--bf16",
+            "false",
+            "--beta=0.1",
+            "--task",
+            "sql",
+        ],
+        parser,
+    )
     assert rest == ["--max-steps", "3", "temperature=0.7", "--output-dir=runs/x", "--task", "sql"]
-    assert fields == {"num_generations": 4, "use_peft": True, "lora_target_modules": ["q_proj", "v_proj"],
-                      "reward_weights": [1, 0.5], "bf16": False, "beta": 0.1}
+    assert fields == {
+        "num_generations": 4,
+        "use_peft": True,
+        "lora_target_modules": ["q_proj", "v_proj"],
+        "reward_weights": [1, 0.5],
+        "bf16": False,
+        "beta": 0.1,
+    }
     # one value of a list-or-text key is the value itself (peft reads "all-linear" as a keyword, not a module)
     assert split_argv(["--lora_target_modules", "all-linear"], parser)[1] == {"lora_target_modules": "all-linear"}
     assert split_argv(["--reward_weights", "[1, 2]"], parser)[1] == {"reward_weights": [1, 2]}
     assert split_argv(["--report_to", "wandb", "tensorboard"], parser) == ([], {"report_to": ["wandb", "tensorboard"]})
     assert split_argv(["--report-to", "none", "seed=1"], parser) == (["seed=1"], {"report_to": "none"})
     assert split_argv(["--model_init_kwargs", "{use_kernels: true}"], parser)[1] == {
-        "model_init_kwargs": {"use_kernels": True}}
+        "model_init_kwargs": {"use_kernels": True}
+    }
     with pytest.raises(ConfigError, match="--num_generations needs a value"):
         split_argv(["--num_generations"], parser)
 
 
 def test_trl_style_command_line_resolves_with_aliases():
-    config = _resolve(["--num_generations", "4", "--model_name_or_path", "smollm2-135m", "--use_peft",
-                       "--torch_dtype", "bfloat16", "--per_device_train_batch_size", "8", "--max-steps", "2"])
+    config = _resolve(
+        [
+            "--num_generations",
+            "4",
+            "--model_name_or_path",
+            "smollm2-135m",
+            "--use_peft",
+            "--torch_dtype",
+            "bfloat16",
+            "--per_device_train_batch_size",
+            "8",
+            "--max-steps",
+            "2",
+        ]
+    )
     assert config.run.model == "smollm2-135m" and config.run.lora_r == PEFT_DEFAULT_R and config.run.dtype == "bfloat16"
     assert config.args.num_generations == 4 and config.args.per_device_train_batch_size == 8
     assert config.args.max_steps == 2
@@ -67,20 +106,31 @@ def test_use_peft_keeps_a_rank_that_is_set(tmp_path):
     assert load_config([], {"model_name_or_path": "smollm2-135m", "model": "gym"}).run.model == "gym"  # target wins
 
 
-@pytest.mark.parametrize(("key", "expected"), [
-    ("use_peft_x", None),                     # no misleading suggestion (was: use_cpu for use_peft)
-    ("learnig_rate", "learning_rate"), ("num_generation", "num_generations"), ("train_sise", "train_size"),
-    ("lora_rank", None),                      # not local_rank: a shared word alone is no typo
-    ("gradient_accumulation", "gradient_accumulation_steps"), ("max_step", "max_steps"),
-])
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("use_peft_x", None),  # no misleading suggestion (was: use_cpu for use_peft)
+        ("learnig_rate", "learning_rate"),
+        ("num_generation", "num_generations"),
+        ("train_sise", "train_size"),
+        ("lora_rank", None),  # not local_rank: a shared word alone is no typo
+        ("gradient_accumulation", "gradient_accumulation_steps"),
+        ("max_step", "max_steps"),
+    ],
+)
 def test_suggestions_are_typos_only(key, expected):
     assert suggest(key, valid_keys()) == expected
 
 
-@pytest.mark.parametrize(("key", "reason"), [
-    ("dataset_streaming", "streaming datasets are not supported"), ("load_in_4bit", "QLoRA"),
-    ("attn_implementation", "model_init_kwargs={attn_implementation"), ("use_dora", "not supported"),
-])
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("dataset_streaming", "streaming datasets are not supported"),
+        ("load_in_4bit", "QLoRA"),
+        ("attn_implementation", "model_init_kwargs={attn_implementation"),
+        ("use_dora", "not supported"),
+    ],
+)
 def test_trl_names_mrtpo_does_not_take_say_what_to_do(key, reason, capsys, tmp_path):
     assert main([f"--{key}", "x", "--output-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
@@ -90,12 +140,35 @@ def test_trl_names_mrtpo_does_not_take_say_what_to_do(key, reason, capsys, tmp_p
 def test_the_trl_command_trains_on_a_tiny_model(tmp_path, tiny_dir, capsys, one_thread):
     """``mrtpo train --num_generations 4 --model_name_or_path ...``: the issue's command, on the tiny model."""
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Say {i}."}]}) + "\n"
-                            for i in range(4)))
+    data.write_text(
+        "".join(json.dumps({"prompt": [{"role": "user", "content": f"Say {i}."}]}) + "\n" for i in range(4))
+    )
     (tmp_path / "task.yaml").write_text("dataset: data.jsonl\nrewards: [trl.rewards.think_format_reward]\n")
-    rc = main(["--task", str(tmp_path / "task.yaml"), "--num_generations", "4", "--model_name_or_path", str(tiny_dir),
-               "--method", "gdpo", "--max_steps", "1", "--max_completion_length", "4", "--output_dir",
-               str(tmp_path / "run"), "--report", "false", "--save_strategy", "no", "--use_peft", "--lora_r", "2"])
+    rc = main(
+        [
+            "--task",
+            str(tmp_path / "task.yaml"),
+            "--num_generations",
+            "4",
+            "--model_name_or_path",
+            str(tiny_dir),
+            "--method",
+            "gdpo",
+            "--max_steps",
+            "1",
+            "--max_completion_length",
+            "4",
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--report",
+            "false",
+            "--save_strategy",
+            "no",
+            "--use_peft",
+            "--lora_r",
+            "2",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err[-2000:]
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert "num_generations: 4" in saved and "lora_r: 2" in saved and f"model: {tiny_dir}" in saved
@@ -108,13 +181,36 @@ def test_trl_script_arguments_make_a_task(tmp_path, tiny_dir, monkeypatch, capsy
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MRTPO_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Say {i}."}],
-                                                             "answer": str(i)}) + "\n" for i in range(4)))
-    (tmp_path / "my_rewards.py").write_text("def lengths(completion_ids, **kwargs):\n"
-                                            "    return [float(len(i)) for i in completion_ids]\n")
-    argv = ["--dataset_name", "data.jsonl", "--reward_funcs", "think_format_reward", "my_rewards.lengths",
-            "--model_name_or_path", str(tiny_dir), "--method", "gdpo", "--max_steps", "1", "--max_completion_length",
-            "4", "--output_dir", str(tmp_path / "run"), "--report", "false", "--save_strategy", "no"]
+    (tmp_path / "data.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"Say {i}."}], "answer": str(i)}) + "\n"
+            for i in range(4)
+        )
+    )
+    (tmp_path / "my_rewards.py").write_text(
+        "def lengths(completion_ids, **kwargs):\n    return [float(len(i)) for i in completion_ids]\n"
+    )
+    argv = [
+        "--dataset_name",
+        "data.jsonl",
+        "--reward_funcs",
+        "think_format_reward",
+        "my_rewards.lengths",
+        "--model_name_or_path",
+        str(tiny_dir),
+        "--method",
+        "gdpo",
+        "--max_steps",
+        "1",
+        "--max_completion_length",
+        "4",
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--report",
+        "false",
+        "--save_strategy",
+        "no",
+    ]
     config = _resolve(argv)
     task_file = Path(config.run.task)
     assert task_file.parent == tmp_path / "cache" / "tasks" and task_file.is_file()
@@ -135,8 +231,10 @@ def test_trl_script_arguments_make_a_task(tmp_path, tiny_dir, monkeypatch, capsy
 @pytest.mark.parametrize("scale", ["none", "batch"])
 def test_scale_rewards_other_than_group_is_refused_where_the_method_decides(scale):
     for method in ("mrtpo", "gdpo"):
-        with pytest.raises(ConfigError, match=f"scale_rewards='{scale}' is not supported with method='{method}'.*"
-                                              "credit_batch_norm.*method='grpo'"):
+        with pytest.raises(
+            ConfigError,
+            match=f"scale_rewards='{scale}' is not supported with method='{method}'.*credit_batch_norm.*method='grpo'",
+        ):
             load_config([], {"scale_rewards": scale, "method": method})
     assert load_config([], {"scale_rewards": scale, "method": "grpo"}).args.scale_rewards == scale
 
@@ -147,8 +245,9 @@ def test_grpo_trains_with_trls_reward_scaling(tmp_path, one_thread, scale):
     step's own rewards: ``A = S - mean_group(S)``, divided by ``std_batch(S) + 1e-4`` for ``batch``."""
     from tests.test_trainer import char_code, has_letter_e, make_trainer, plain_length, record_batches
 
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], method="grpo", scale_rewards=scale,
-                           max_steps=1)
+    trainer = make_trainer(
+        tmp_path, [has_letter_e, char_code, plain_length], method="grpo", scale_rewards=scale, max_steps=1
+    )
     seen = record_batches(trainer)
     trainer.train()
     batch = seen[0]
@@ -183,8 +282,19 @@ def test_wrong_length_reward_weights_are_refused_before_the_model_loads(tmp_path
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(mrtpo.run_build, "load_model", no_load)  # what build_trainer calls
-    rc = main(["--task", "gym-constraints", "--model", str(tiny_dir), "--reward_weights", "1", "2",
-               "--output-dir", str(tmp_path / "run")])
+    rc = main(
+        [
+            "--task",
+            "gym-constraints",
+            "--model",
+            str(tiny_dir),
+            "--reward_weights",
+            "1",
+            "2",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "reward_weights has 2 entries for the 3 rewards of task 'gym-constraints'" in err
@@ -204,9 +314,20 @@ def test_quantized_loading_is_refused_with_the_reason():
 def test_use_kernels_and_device_map_reach_the_model(tmp_path, tiny_dir, one_thread):
     from mrtpo.train import build_trainer
 
-    config = load_config([], {"task": "gym-constraints", "model": str(tiny_dir), "method": "gdpo", "max_steps": 1,
-                              "max_completion_length": 4, "output_dir": str(tmp_path / "run"), "report": False,
-                              "save_strategy": "no", "model_init_kwargs": {"use_kernels": True, "device_map": "cpu"}})
+    config = load_config(
+        [],
+        {
+            "task": "gym-constraints",
+            "model": str(tiny_dir),
+            "method": "gdpo",
+            "max_steps": 1,
+            "max_completion_length": 4,
+            "output_dir": str(tmp_path / "run"),
+            "report": False,
+            "save_strategy": "no",
+            "model_init_kwargs": {"use_kernels": True, "device_map": "cpu"},
+        },
+    )
     trainer = build_trainer(config)
     model = trainer.accelerator.unwrap_model(trainer.model)
     assert model.use_kernels is True and model.device.type == "cpu"
@@ -230,8 +351,13 @@ def test_trackers_get_the_credit_summary_and_metrics_jsonl_everything(tmp_path, 
         def on_log(self, args, state, control, logs=None, **kwargs):
             seen.append(dict(logs))
 
-    trainer = make_trainer(tmp_path, [has_letter_e, char_code, plain_length], max_steps=1, log_credit_detail=detail,
-                           skip_zero_advantage=False)
+    trainer = make_trainer(
+        tmp_path,
+        [has_letter_e, char_code, plain_length],
+        max_steps=1,
+        log_credit_detail=detail,
+        skip_zero_advantage=False,
+    )
     trainer.add_callback(Tracker())
     trainer.train()
     names = trainer.reward_func_names
@@ -281,9 +407,23 @@ def test_the_issues_command_on_smollm2(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "mrtpo.cli", "train", "--config", str(root / "examples" / "own-task" / "config.yaml"),
-           "--num_generations", "4", "--model_name_or_path", "smollm2-135m", "--max_steps", "2",
-           "--output_dir", str(tmp_path / "run"), "skip_zero_advantage=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mrtpo.cli",
+        "train",
+        "--config",
+        str(root / "examples" / "own-task" / "config.yaml"),
+        "--num_generations",
+        "4",
+        "--model_name_or_path",
+        "smollm2-135m",
+        "--max_steps",
+        "2",
+        "--output_dir",
+        str(tmp_path / "run"),
+        "skip_zero_advantage=false",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     card = (tmp_path / "run" / "README.md").read_text()

@@ -22,8 +22,10 @@ def task():
 def _pairs_file(tmp_path, n=8):
     """Short chat pairs: ask for a word, answer with it (learnable by a tiny model in a few steps)."""
     path = tmp_path / "pairs.jsonl"
-    lines = [{"messages": [{"role": "user", "content": f"say {w}"}, {"role": "assistant", "content": w}]}
-             for w in ["cat", "dog", "owl", "emu", "yak", "ant", "bee", "elk"][:n]]
+    lines = [
+        {"messages": [{"role": "user", "content": f"say {w}"}, {"role": "assistant", "content": w}]}
+        for w in ["cat", "dog", "owl", "emu", "yak", "ant", "bee", "elk"][:n]
+    ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
 
@@ -67,31 +69,47 @@ def test_user_jsonl_shapes(tmp_path):
     path = tmp_path / "d.jsonl"
     msgs = [{"role": "user", "content": "q"}]
     rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    path.write_text("\n".join(json.dumps(x) for x in [
-        {"messages": [*msgs, {"role": "assistant", "content": "a1"}]},
-        {"prompt": msgs, "completion": "a2"},
-        {"prompt": msgs, "completion": [{"role": "assistant", "content": "a3"}]},
-        {"prompt": "RAW PROMPT ", "completion": "a4"},
-    ]) + "\n\n")
+    path.write_text(
+        "\n".join(
+            json.dumps(x)
+            for x in [
+                {"messages": [*msgs, {"role": "assistant", "content": "a1"}]},
+                {"prompt": msgs, "completion": "a2"},
+                {"prompt": msgs, "completion": [{"role": "assistant", "content": "a3"}]},
+                {"prompt": "RAW PROMPT ", "completion": "a4"},
+            ]
+        )
+        + "\n\n"
+    )
     rows = ws.file_rows(path, tok)
     assert [(r["prompt"], r["completion"]) for r in rows] == [
-        (rendered, "a1<|im_end|>"), (rendered, "a2<|im_end|>"), (rendered, "a3<|im_end|>"), ("RAW PROMPT ", "a4")]
+        (rendered, "a1<|im_end|>"),
+        (rendered, "a2<|im_end|>"),
+        (rendered, "a3<|im_end|>"),
+        ("RAW PROMPT ", "a4"),
+    ]
     assert [r["id"] for r in rows] == ["d.jsonl:1", "d.jsonl:2", "d.jsonl:3", "d.jsonl:4"]
     assert len(ws.file_rows(path, tok, limit=2)) == 2
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "does not exist"),
-    ("", "holds no pairs"),
-    ('{"messages": [}\n', "line 1: not valid JSON"),
-    ('[1, 2]\n', "line 1: expected a JSON object"),
-    ('{"text": "x"}\n', "line 1: unknown shape"),
-    ('{"messages": [{"role": "user", "content": "q"}]}\n', "ending with an assistant turn"),
-    ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]}\n', "answer is empty"),
-    ('{"prompt": "p", "completion": ""}\n', "completion must be a non-empty string"),
-    ('{"prompt": 3, "completion": "a"}\n', "prompt must be a rendered string"),
-    ('\n{"prompt": "p", "completion": "a"}\n{"prompt": "", "completion": "a"}\n', "line 3: the prompt is empty"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist"),
+        ("", "holds no pairs"),
+        ('{"messages": [}\n', "line 1: not valid JSON"),
+        ("[1, 2]\n", "line 1: expected a JSON object"),
+        ('{"text": "x"}\n', "line 1: unknown shape"),
+        ('{"messages": [{"role": "user", "content": "q"}]}\n', "ending with an assistant turn"),
+        (
+            '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]}\n',
+            "answer is empty",
+        ),
+        ('{"prompt": "p", "completion": ""}\n', "completion must be a non-empty string"),
+        ('{"prompt": 3, "completion": "a"}\n', "prompt must be a rendered string"),
+        ('\n{"prompt": "p", "completion": "a"}\n{"prompt": "", "completion": "a"}\n', "line 3: the prompt is empty"),
+    ],
+)
 def test_bad_user_data_is_a_clear_error(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     if content is not None:
@@ -120,9 +138,14 @@ def test_settings_parsing_and_what_a_run_starts_from(tmp_path):
     assert got.steps == 3 and got.learning_rate == 2e-4 and got.lora_r == default.lora_r
     got, _ = ws.parse_warm_start({"data": "x.jsonl"}, "sql")
     assert got.data == "x.jsonl"
-    for bad, message in ((True, "has no default warm start data"), ("maybe", "must be auto, none"),
-                         ({"stepz": 3}, "unknown setting"), ({"steps": -1}, "steps must be"),
-                         ({"steps": 2}, "has no warm start data of its own"), (3, "must be auto, none")):
+    for bad, message in (
+        (True, "has no default warm start data"),
+        ("maybe", "must be auto, none"),
+        ({"stepz": 3}, "unknown setting"),
+        ({"steps": -1}, "steps must be"),
+        ({"steps": 2}, "has no warm start data of its own"),
+        (3, "must be auto, none"),
+    ):
         with pytest.raises(WarmStartError, match=message):
             ws.parse_warm_start(bad, "sql" if bad in (True, {"steps": 2}) else "toolcall")
     # auto: on for the default model (the default dose was measured there), off for other models
@@ -146,8 +169,10 @@ def test_config_section(tmp_path):
     assert any("warm start: off" in n for n in config.notes)
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("task: toolcall\nwarm_start:\n  steps: 4\n  learning_rate: 5e-5\n")
-    assert load_config([yaml_file], {"output_dir": str(tmp_path / "r")}).run.warm_start == {"steps": 4,
-                                                                                           "learning_rate": "5e-5"}
+    assert load_config([yaml_file], {"output_dir": str(tmp_path / "r")}).run.warm_start == {
+        "steps": 4,
+        "learning_rate": "5e-5",
+    }
     with pytest.raises(ConfigError, match="unknown setting"):
         load_config([], {"task": "toolcall", "warm_start": {"step": 4}})
 
@@ -165,7 +190,7 @@ def test_sft_on_a_tiny_model_learns_the_answers_with_trl(tmp_path, one_thread):
             c = tok(r["completion"], add_special_tokens=False)["input_ids"]
             ids = torch.tensor([p + c])
             with torch.no_grad():
-                logp = m(ids).logits[0, len(p) - 1:-1].log_softmax(-1)
+                logp = m(ids).logits[0, len(p) - 1 : -1].log_softmax(-1)
             total += logp.gather(-1, torch.tensor(c)[:, None]).sum().item()
         return total / len(rows)
 
@@ -176,8 +201,11 @@ def test_sft_on_a_tiny_model_learns_the_answers_with_trl(tmp_path, one_thread):
     assert stats["last_loss"] < 0.5 * stats["first_loss"]
     assert answer_logprob(merged) > before + 5.0  # the answers became much likelier
     assert not any("lora" in name for name, _ in merged.named_parameters())  # adapters merged away
-    assert sorted(p.name for p in (tmp_path / "sft").glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-20",
-                                                                               "checkpoint-30"]
+    assert sorted(p.name for p in (tmp_path / "sft").glob("checkpoint-*")) == [
+        "checkpoint-10",
+        "checkpoint-20",
+        "checkpoint-30",
+    ]
     same, stats0 = ws.run_sft(model, tok, rows, WarmStartSettings(steps=0), tmp_path / "none")
     assert same is model and stats0["steps"] == 0
 
@@ -192,8 +220,9 @@ def test_cache_is_built_once_and_keyed_by_settings(tmp_path, tiny_model_dir, mon
     assert record["settings"]["data"] == str(data) and len(record["data"]["file_sha256"]) == 64
     monkeypatch.setattr(ws, "build_warm_start", lambda *a, **k: pytest.fail("rebuilt a cached warm start"))
     assert ws.load_warm_start(str(tiny_model_dir), settings, cache_dir=cache, log=lambda *_: None)[2] == folder
-    other = ws.warm_start_dir(str(tiny_model_dir), WarmStartSettings(**{**settings.record(), "steps": 3}),
-                              cache_dir=cache)
+    other = ws.warm_start_dir(
+        str(tiny_model_dir), WarmStartSettings(**{**settings.record(), "steps": 3}), cache_dir=cache
+    )
     assert other != folder and "3steps" in other.name
     data.write_text(data.read_text() + json.dumps({"prompt": "p", "completion": "a"}) + "\n")
     assert ws.warm_start_dir(str(tiny_model_dir), settings, cache_dir=cache) != folder  # new data, new key
@@ -204,17 +233,48 @@ def test_mrtpo_sft_command(tmp_path, tiny_model_dir, capsys, one_thread):
     from mrtpo.models import load_policy
 
     out = tmp_path / "warm"
-    assert main(["sft", "--data", str(_pairs_file(tmp_path, n=4)), "--model", str(tiny_model_dir), "--steps", "2",
-                 "--batch-size", "2", "--lora-r", "4", "--max-length", "64", "--output-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "--data",
+                str(_pairs_file(tmp_path, n=4)),
+                "--model",
+                str(tiny_model_dir),
+                "--steps",
+                "2",
+                "--batch-size",
+                "2",
+                "--lora-r",
+                "4",
+                "--max-length",
+                "64",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert f"warm-started model: {out}" in capsys.readouterr().out
     model, _ = load_policy(out)
     assert model.config.model_type == "qwen2"
     assert main(["sft", "--model", str(tiny_model_dir)]) == 2
     assert "give --task" in capsys.readouterr().err
-    assert main(["sft", "--data", str(tmp_path / "missing.jsonl"), "--model", str(tiny_model_dir),
-                 "--output-dir", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "sft",
+                "--data",
+                str(tmp_path / "missing.jsonl"),
+                "--model",
+                str(tiny_model_dir),
+                "--output-dir",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "does not exist" in capsys.readouterr().err
-
 
 
 def test_text_tags_are_spelled_with_ordinary_tokens():
@@ -235,10 +295,22 @@ def test_sft_with_text_tags_learns_the_answers(tmp_path, one_thread):
     import torch
 
     model, tok = tiny_policy(seed=5)
-    rows = [{"prompt": f"<|im_start|>user\nsay {w}<|im_end|>\n<|im_start|>assistant\n",
-             "completion": f"<tag>{w}</tag><|im_end|>"} for w in ("cat", "dog", "owl", "emu")]
-    settings = WarmStartSettings(steps=20, learning_rate=1e-2, batch_size=2, lora_r=8, lora_alpha=16, max_length=64,
-                                 text_tags=("<tag>", "</tag>"))
+    rows = [
+        {
+            "prompt": f"<|im_start|>user\nsay {w}<|im_end|>\n<|im_start|>assistant\n",
+            "completion": f"<tag>{w}</tag><|im_end|>",
+        }
+        for w in ("cat", "dog", "owl", "emu")
+    ]
+    settings = WarmStartSettings(
+        steps=20,
+        learning_rate=1e-2,
+        batch_size=2,
+        lora_r=8,
+        lora_alpha=16,
+        max_length=64,
+        text_tags=("<tag>", "</tag>"),
+    )
     merged, stats = ws.run_sft(model, tok, rows, settings, tmp_path / "sft")
     assert stats["last_loss"] < 0.5 * stats["first_loss"]
     prompt = tok(rows[0]["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]

@@ -14,9 +14,29 @@ def test_a_tiny_lora_run_with_activation_checkpointing_warns_nothing(tiny_dir, t
     out = tmp_path / "run"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rc = cli_main(["train", "--task", "sql", "--method", "mrtpo", "--model", str(tiny_dir), "--output-dir",
-                       str(out), "--max-steps", "1", "--lora-r", "4", "dtype=bfloat16", "activation_checkpointing=true",
-                       "task_args={sample_rows: 0}", "train_size=4", "max_completion_length=8", "report=false"])
+        rc = cli_main(
+            [
+                "train",
+                "--task",
+                "sql",
+                "--method",
+                "mrtpo",
+                "--model",
+                str(tiny_dir),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "1",
+                "--lora-r",
+                "4",
+                "dtype=bfloat16",
+                "activation_checkpointing=true",
+                "task_args={sample_rows: 0}",
+                "train_size=4",
+                "max_completion_length=8",
+                "report=false",
+            ]
+        )
     assert rc == 0
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()][0] == 1
     future = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if issubclass(w.category, FutureWarning)]
@@ -33,15 +53,20 @@ def test_the_filters_name_the_message_and_the_module():
         warnings.warn_explicit(hidden, FutureWarning, "modeling_utils.py", 1, module="transformers.modeling_utils")
         # The same message from another module, and another deprecation from that module, still show.
         warnings.warn_explicit(hidden, FutureWarning, "mine.py", 1, module="mrtpo.trainer")
-        warnings.warn_explicit("`use_cache` is deprecated", FutureWarning, "modeling_utils.py", 2,
-                               module="transformers.modeling_utils")
-    assert [(str(w.message), w.filename) for w in caught] == [(hidden, "mine.py"),
-                                                               ("`use_cache` is deprecated", "modeling_utils.py")]
+        warnings.warn_explicit(
+            "`use_cache` is deprecated", FutureWarning, "modeling_utils.py", 2, module="transformers.modeling_utils"
+        )
+    assert [(str(w.message), w.filename) for w in caught] == [
+        (hidden, "mine.py"),
+        ("`use_cache` is deprecated", "modeling_utils.py"),
+    ]
 
 
 def test_the_offline_adapter_vocabulary_warning_is_hidden_only_from_peft():
-    message = ("Could not find a config file in Qwen/Qwen2.5-Coder-0.5B-Instruct - will assume that the vocabulary "
-               "was not modified.")
+    message = (
+        "Could not find a config file in Qwen/Qwen2.5-Coder-0.5B-Instruct - will assume that the vocabulary "
+        "was not modified."
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         filter_dependency_warnings()

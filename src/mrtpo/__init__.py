@@ -23,5 +23,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mrtpo' has no attribute {name!r}")
 
 
-__all__ = ["Evidence", "Example", "MRTPOConfig", "MRTPOTrainer", "Verifier", "VerifierReward", "__version__",
-           "evidence"]
+__all__ = [
+    "Evidence",
+    "Example",
+    "MRTPOConfig",
+    "MRTPOTrainer",
+    "Verifier",
+    "VerifierReward",
+    "__version__",
+    "evidence",
+]

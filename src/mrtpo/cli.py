@@ -28,8 +28,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("mrtpo.explain", "render the token-credit view for a prompt/completion pair"),
     "demo": ("mrtpo.demo", "one MRTPO credit-assignment step on the default model, printed and as HTML"),
     "bench": ("mrtpo.bench", "benchmarks (`mrtpo bench` lists them)"),
-    "report": ("mrtpo.report.command", "rebuild a run folder's report (after a crash or report: false), or "
-               "draw several runs on one figure (--compare)"),
+    "report": (
+        "mrtpo.report.command",
+        "rebuild a run folder's report (after a crash or report: false), or "
+        "draw several runs on one figure (--compare)",
+    ),
     "export": ("mrtpo.export", "write a run's final model as one folder (a LoRA adapter merged into its base)"),
     "version": ("mrtpo", "print the version"),
 }
@@ -79,11 +82,14 @@ def import_plugins() -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise SystemExit(f"mrtpo: error: MRTPO_PLUGINS names {name!r}, which does not import ({exc}); "
-                             "put its folder on PYTHONPATH or fix the name") from None
+            raise SystemExit(
+                f"mrtpo: error: MRTPO_PLUGINS names {name!r}, which does not import ({exc}); "
+                "put its folder on PYTHONPATH or fix the name"
+            ) from None
         except Exception as exc:  # noqa: BLE001 -- a plugin may raise anything; say which one
-            raise SystemExit(f"mrtpo: error: MRTPO_PLUGINS module {name!r} raised {type(exc).__name__} while "
-                             f"importing: {exc}") from None
+            raise SystemExit(
+                f"mrtpo: error: MRTPO_PLUGINS module {name!r} raised {type(exc).__name__} while importing: {exc}"
+            ) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,7 +80,7 @@ def split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[s
         token = argv[i]
         i += 1
         if token == "--":  # everything after it is positional
-            rest += argv[i - 1:]
+            rest += argv[i - 1 :]
             break
         if not _is_flag(token):
             rest.append(token)

@@ -64,13 +64,17 @@ class RunSettings:
     """Run-level settings: what to train on and how to build the model (not trainer fields)."""
 
     task: str = "sql"
-    ("task to train on: a registered name (toolcall, instructions, sql, gym-*, a plugin's) or a task file path; "
-     "a config file may hold a task: block (dataset, prompt, rewards; see mrtpo.tasks.from_config)")
+    (
+        "task to train on: a registered name (toolcall, instructions, sql, gym-*, a plugin's) or a task file path; "
+        "a config file may hold a task: block (dataset, prompt, rewards; see mrtpo.tasks.from_config)"
+    )
     model: str = "qwen2.5-coder-0.5b"
     """preset name, local model folder, .gguf file or hub id (anything mrtpo.models.load_policy takes)"""
     dtype: str = "float32"
-    ("dtype the weights are loaded in: float32 (trainable; bf16=true then means mixed precision) "
-     "or bfloat16 (unset on a CPU: chosen by its bf16 features)")
+    (
+        "dtype the weights are loaded in: float32 (trainable; bf16=true then means mixed precision) "
+        "or bfloat16 (unset on a CPU: chosen by its bf16 features)"
+    )
     train_size: int | None = None
     """train examples used: the first N of the task's train split (None: all of it)"""
     eval_size: int = 0
@@ -88,9 +92,11 @@ class RunSettings:
     lora_learning_rate: float = 2e-5
     """learning_rate used with LoRA when learning_rate is not set explicitly"""
     warm_start: Any = "auto"
-    ("supervised LoRA warm start before RL (mrtpo.warm_start, built and cached on first use): auto (toolcall on "
-     "the default model: the measured default dose), none, true, or a mapping of its settings such as "
-     "{steps: 16, data: pairs.jsonl}")
+    (
+        "supervised LoRA warm start before RL (mrtpo.warm_start, built and cached on first use): auto (toolcall on "
+        "the default model: the measured default dose), none, true, or a mapping of its settings such as "
+        "{steps: 16, data: pairs.jsonl}"
+    )
     report: bool = True
     """write report.html / report.md / curves.png into the run folder when training ends"""
     report_samples: int = 2
@@ -118,16 +124,20 @@ TRAIN_DEFAULTS: dict[str, Any] = {
 def _update_path_note(merged: dict[str, Any]) -> str:
     """How the update will run, and why: activation checkpointing excludes the shared-prompt update."""
     if merged.get("activation_checkpointing"):
-        return ("activation checkpointing on (as configured), so the update runs every row whole "
-                "(checkpointed layers drop the KV cache the shared-prompt update needs)")
+        return (
+            "activation checkpointing on (as configured), so the update runs every row whole "
+            "(checkpointed layers drop the KV cache the shared-prompt update needs)"
+        )
     if merged.get("shared_prompt_update", True) is False:
         return "activation checkpointing off; shared_prompt_update off, so the update runs every row whole"
     return "activation checkpointing off; the update runs each distinct prompt once (shared_prompt_update)"
 
 
 #: Deprecated transformers names accepted in configs and stored under the new name.
-_ALIASES = {"gradient_checkpointing": "activation_checkpointing",
-            "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
+_ALIASES = {
+    "gradient_checkpointing": "activation_checkpointing",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
+}
 
 
 #: TRL refuses both at once: setting one in a later layer replaces the other from earlier layers.
@@ -183,8 +193,11 @@ def _coerce(key: str, value: Any, tp: Any, source: str) -> Any:
         return None
     scalar = [o for o in options if o in (bool, int, float)]
     if not scalar or len(scalar) != len([o for o in options if o is not type(None)]):
-        if isinstance(value, bool) and not scalar and any(o is str or isinstance(o, type) and issubclass(o, str)
-                                                          for o in options):
+        if (
+            isinstance(value, bool)
+            and not scalar
+            and any(o is str or isinstance(o, type) and issubclass(o, str) for o in options)
+        ):
             return "yes" if value else "no"  # YAML reads `save_strategy: no` as false; the setting means "no"
         return value  # str, lists, dicts, enums, mixed unions: validated by the config itself
     if bool in scalar:
@@ -280,8 +293,10 @@ def _check_keys(layer: dict[str, Any], source: str, known: dict[str, str]) -> di
             key = _ALIASES[key]
         if key not in known:
             hint = unknown_key_message(key, known)
-            raise ConfigError(f"unknown config key {key!r} in {source}{hint}. Valid keys are the run settings "
-                              f"and the MRTPOConfig fields; {KEYS_HINT}")
+            raise ConfigError(
+                f"unknown config key {key!r} in {source}{hint}. Valid keys are the run settings "
+                f"and the MRTPOConfig fields; {KEYS_HINT}"
+            )
         out[key] = value
     return out
 
@@ -298,16 +313,20 @@ def _check_report_to(value: Any) -> None:
             from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
             if name not in INTEGRATION_TO_CALLBACK:
-                raise ConfigError(f"report_to={name!r} is not a logging integration; choose none, all or any of "
-                                  f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}")
+                raise ConfigError(
+                    f"report_to={name!r} is not a logging integration; choose none, all or any of "
+                    f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}"
+                )
             continue  # another transformers integration: transformers checks its package
         if name == "tensorboard":
             ok = any(importlib.util.find_spec(p) is not None for p in ("tensorboard", "tensorboardX"))
         else:
             ok = importlib.util.find_spec(pkg) is not None
         if not ok:
-            raise ConfigError(f"report_to={name!r} needs the {pkg!r} package, which is not installed: "
-                              f"`pip install {pkg}` (or `pip install mrtpo[{pkg}]`), or use report_to=none")
+            raise ConfigError(
+                f"report_to={name!r} needs the {pkg!r} package, which is not installed: "
+                f"`pip install {pkg}` (or `pip install mrtpo[{pkg}]`), or use report_to=none"
+            )
 
 
 def load_config(
@@ -355,8 +374,9 @@ def load_config(
 
     if script:
         if "task" in explicit:
-            raise ConfigError(f"task (from {explicit['task']}) and TRL's {', '.join(script)} both name the task: "
-                              "give one of them")
+            raise ConfigError(
+                f"task (from {explicit['task']}) and TRL's {', '.join(script)} both name the task: give one of them"
+            )
         try:
             merged["task"] = str(script_task(script, Path.cwd(), task_cache()))
         except ValueError as exc:
@@ -390,9 +410,11 @@ def load_config(
     if "report_to" in trainer_kwargs:
         _check_report_to(trainer_kwargs["report_to"])
     if "steps_per_generation" in explicit and "generation_batch_size" in explicit:
-        raise ConfigError("set either steps_per_generation or generation_batch_size, not both "
-                          f"(steps_per_generation from {explicit['steps_per_generation']}, "
-                          f"generation_batch_size from {explicit['generation_batch_size']})")
+        raise ConfigError(
+            "set either steps_per_generation or generation_batch_size, not both "
+            f"(steps_per_generation from {explicit['steps_per_generation']}, "
+            f"generation_batch_size from {explicit['generation_batch_size']})"
+        )
     if "generation_batch_size" in explicit:
         trainer_kwargs.pop("steps_per_generation", None)
     elif "steps_per_generation" not in explicit:
@@ -401,8 +423,10 @@ def load_config(
     if (problem := optional_dependency_problem(trainer_kwargs)) is not None:
         raise ConfigError(problem)
     if str(trainer_kwargs.get("eval_strategy", "no")) not in ("no", "IntervalStrategy.NO") and not run.eval_size:
-        raise ConfigError(f"eval_strategy={trainer_kwargs['eval_strategy']!r} needs held-out prompts: set eval_size "
-                          "(e.g. eval_size=16), or eval_strategy=no")
+        raise ConfigError(
+            f"eval_strategy={trainer_kwargs['eval_strategy']!r} needs held-out prompts: set eval_size "
+            "(e.g. eval_size=16), or eval_strategy=no"
+        )
     try:
         args = MRTPOConfig(**trainer_kwargs)
     except (ValueError, TypeError) as exc:
@@ -465,6 +489,8 @@ def _validate_trainer(kwargs: dict[str, Any]) -> None:
         size, per_step = value("per_device_train_batch_size"), value(steps)
         processes = int(os.environ.get("WORLD_SIZE", "1"))
         if (size * per_step * processes) % value("num_generations"):
-            raise ConfigError(f"per_device_train_batch_size x {steps} x processes ({size} x {per_step} x {processes}) "
-                              f"must be divisible by num_generations ({value('num_generations')}): "
-                              "a generation batch holds whole prompt groups")
+            raise ConfigError(
+                f"per_device_train_batch_size x {steps} x processes ({size} x {per_step} x {processes}) "
+                f"must be divisible by num_generations ({value('num_generations')}): "
+                "a generation batch holds whole prompt groups"
+            )

@@ -65,7 +65,7 @@ def cut(text: str, start: int, end: int) -> str:
         return core_after
     if not core_after:
         return core_before
-    separator = max(before[len(core_before):], after[: len(after) - len(core_after)], key=_strength)
+    separator = max(before[len(core_before) :], after[: len(after) - len(core_after)], key=_strength)
     return core_before + separator + core_after
 
 
@@ -171,8 +171,9 @@ def decoy_text(
     response's reaction to this context with its reaction to its own evidence (:mod:`mrtpo.replay_plan`).
     """
     if own.placement == "privileged":
-        return counterfactual_text(prompt, [Evidence(decoy.text, "privileged")], render, header,
-                                   verifiers=[verifier], example_id=example_id)
+        return counterfactual_text(
+            prompt, [Evidence(decoy.text, "privileged")], render, header, verifiers=[verifier], example_id=example_id
+        )
     if isinstance(prompt, str):
         _require_once(prompt, own.text, verifier, example_id)
         return prompt.replace(own.text, decoy.text)
@@ -200,12 +201,26 @@ def counterfactual_prompt(
     One evidence gives a reward's counterfactual; all of a prompt's evidence at once gives the
     joint counterfactual of the ``contrast`` baseline.
     """
-    return counterfactual_text(example.messages, evidences, lambda msgs: render(replace(example, messages=msgs)),
-                               header, verifiers=verifiers, example_id=example.id)
+    return counterfactual_text(
+        example.messages,
+        evidences,
+        lambda msgs: render(replace(example, messages=msgs)),
+        header,
+        verifiers=verifiers,
+        example_id=example.id,
+    )
 
 
 __all__ = [
-    "DEFAULT_PRIVILEGED_HEADER", "EvidenceNotFoundError", "PromptRenderer", "append_privileged",
-    "counterfactual_prompt", "counterfactual_text", "cut", "decoy_text", "default_render_prompt", "prompt_renderer",
+    "DEFAULT_PRIVILEGED_HEADER",
+    "EvidenceNotFoundError",
+    "PromptRenderer",
+    "append_privileged",
+    "counterfactual_prompt",
+    "counterfactual_text",
+    "cut",
+    "decoy_text",
+    "default_render_prompt",
+    "prompt_renderer",
     "remove_span",
 ]

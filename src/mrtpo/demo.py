@@ -26,8 +26,9 @@ METHOD = "mrtpo"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="mrtpo demo", description=__doc__.splitlines()[0],
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mrtpo demo", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
     parser.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf file or hub id")
     parser.add_argument("--task", default="toolcall", help="task name (toolcall, instructions, sql)")
     parser.add_argument("--split", default="train", help="split to draw the prompt from")
@@ -36,8 +37,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="completion length cap")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling and replay temperature")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--output-dir", "--out", dest="out", type=Path, default=Path("runs/demo"), metavar="DIR",
-                        help="output folder")
+    parser.add_argument(
+        "--output-dir", "--out", dest="out", type=Path, default=Path("runs/demo"), metavar="DIR", help="output folder"
+    )
     return parser.parse_args(argv)
 
 
@@ -79,15 +81,17 @@ def main(argv: list[str] | None = None) -> int:
 
     steps.set_postfix_str(f"sampling {args.group_size} completions")
     prompt_ids = ids_of(prompt)
-    sampled, lengths = sample_group(model, tokenizer, prompt_ids, args.group_size, args.max_new_tokens,
-                                    args.temperature)
+    sampled, lengths = sample_group(
+        model, tokenizer, prompt_ids, args.group_size, args.max_new_tokens, args.temperature
+    )
     completions = [row[:n].tolist() for row, n in zip(sampled, lengths.tolist())]
     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
     steps.update()
 
     steps.set_postfix_str("scoring")
-    rewards = torch.tensor([[float("nan") if (r := v(text, example)) is None else float(r) for v in verifiers]
-                            for text in texts])
+    rewards = torch.tensor(
+        [[float("nan") if (r := v(text, example)) is None else float(r) for v in verifiers] for text in texts]
+    )
     evidences = [v.evidence(example) for v in verifiers]
     names = [v.name for v in verifiers]
     steps.update()
@@ -97,8 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_replays([list(range(len(completions)))], [evidences], lengths.tolist(), credit.needs)
     (group,) = plan.groups
     steps.set_postfix_str(f"replaying the group ({1 + len(group.counterfactuals)} contexts)")
-    maps = run_replay_plan(model, plan, lambda g: example_contexts(g, example, names, render, ids_of), sampled,
-                           lengths, temperature=args.temperature)
+    maps = run_replay_plan(
+        model,
+        plan,
+        lambda g: example_contexts(g, example, names, render, ids_of),
+        sampled,
+        lengths,
+        temperature=args.temperature,
+    )
     mask = (torch.arange(t_max).unsqueeze(0) < lengths.view(-1, 1)).float()
     relevance = maps["relevance"]
     steps.update()
@@ -118,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     views = []
     for j, ids in enumerate(completions):
         tokens = _show_tokens(tokenizer, ids)
-        reward_str = ", ".join(f"{n}={'n/a' if math.isnan(r) else f'{r:g}'}"
-                               for n, r in zip(names, rewards[j].tolist()))
+        reward_str = ", ".join(
+            f"{n}={'n/a' if math.isnan(r) else f'{r:g}'}" for n, r in zip(names, rewards[j].tolist())
+        )
         print(f"\ncompletion {j}: {reward_str}; GDPO advantage {gdpo_adv[j, 0]:+.3f}")
         print("  " + texts[j].replace("\n", "\n  ")[:400])
         rows = []
@@ -129,23 +140,53 @@ def main(argv: list[str] | None = None) -> int:
                 top = torch.topk(w, min(5, len(ids))).indices.tolist()
                 shown = ", ".join(f"{tokens[i]!r}×{w[i]:.1f}" for i in top)
                 print(f"  {name:>14}: credit peaks on {shown}")
-            rows.append(CreditRow(name, rewards[j, k].item(), w.tolist(), relevance[j, k, : len(ids)].tolist(),
-                                  evidences[k].placement if evidences[k] else None))
-        views.append(CompletionView(f"completion {j} · {reward_str}", tokens, rows, mrtpo_adv[j, : len(ids)].tolist(),
-                                    {"GDPO advantage (every token)": f"{gdpo_adv[j, 0]:+.3f}"}))
+            rows.append(
+                CreditRow(
+                    name,
+                    rewards[j, k].item(),
+                    w.tolist(),
+                    relevance[j, k, : len(ids)].tolist(),
+                    evidences[k].placement if evidences[k] else None,
+                )
+            )
+        views.append(
+            CompletionView(
+                f"completion {j} · {reward_str}",
+                tokens,
+                rows,
+                mrtpo_adv[j, : len(ids)].tolist(),
+                {"GDPO advantage (every token)": f"{gdpo_adv[j, 0]:+.3f}"},
+            )
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     html_path = args.out / "token_credit.html"
-    html_path.write_text(render_html(views, f"MRTPO token credit · {args.task} · {example.id}",
-                                     "Prompt evidence per reward; privileged evidence is appended under "
-                                     f"'{DEFAULT_PRIVILEGED_HEADER}'."))
+    html_path.write_text(
+        render_html(
+            views,
+            f"MRTPO token credit · {args.task} · {example.id}",
+            f"Prompt evidence per reward; privileged evidence is appended under '{DEFAULT_PRIVILEGED_HEADER}'.",
+        )
+    )
     record = {
-        "model": args.model, "task": args.task, "example": example.id, "method": METHOD, "rewards": names,
-        "completions": [{"text": t, "rewards": r, "token_ids": c, "tokens": _show_tokens(tokenizer, c),
-                         "weights": weights[j, :, : len(c)].tolist(), "relevance": relevance[j, :, : len(c)].tolist(),
-                         "has_evidence": maps["has_evidence"][j].tolist(),
-                         "mrtpo_advantage": mrtpo_adv[j, : len(c)].tolist(),
-                         "gdpo_advantage": gdpo_adv[j, 0].item()}
-                        for j, (t, r, c) in enumerate(zip(texts, rewards.tolist(), completions))],
+        "model": args.model,
+        "task": args.task,
+        "example": example.id,
+        "method": METHOD,
+        "rewards": names,
+        "completions": [
+            {
+                "text": t,
+                "rewards": r,
+                "token_ids": c,
+                "tokens": _show_tokens(tokenizer, c),
+                "weights": weights[j, :, : len(c)].tolist(),
+                "relevance": relevance[j, :, : len(c)].tolist(),
+                "has_evidence": maps["has_evidence"][j].tolist(),
+                "mrtpo_advantage": mrtpo_adv[j, : len(c)].tolist(),
+                "gdpo_advantage": gdpo_adv[j, 0].item(),
+            }
+            for j, (t, r, c) in enumerate(zip(texts, rewards.tolist(), completions))
+        ],
     }
     (args.out / "demo.json").write_text(json.dumps(record, indent=1))
     print(f"\nwrote {html_path} and {args.out / 'demo.json'}")

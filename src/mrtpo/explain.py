@@ -40,32 +40,50 @@ class ExplainError(ValueError):
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mrtpo explain", description=__doc__.splitlines()[0],
-                                formatter_class=HelpFormatter)
-    p.add_argument("--task", required=True,
-                   help=f"task of the example: {', '.join(TASK_NAMES)}, a plugin's, or a task file (.yaml)")
+    p = argparse.ArgumentParser(
+        prog="mrtpo explain", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
+    p.add_argument(
+        "--task",
+        required=True,
+        help=f"task of the example: {', '.join(TASK_NAMES)}, a plugin's, or a task file (.yaml)",
+    )
     p.add_argument("--index", type=int, default=0, help="example index within the split")
     p.add_argument("--split", default="train", help="train or eval")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--completion", help="the completion text to explain (default: the model's greedy completion)")
     src.add_argument("--completion-file", type=Path, help="file holding the completion text")
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, model folder, checkpoint, .gguf or hub id")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="weights dtype (training uses float32 on CPU)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights dtype (training uses float32 on CPU)",
+    )
     from mrtpo.credit import RELEVANCE_KINDS, available_methods  # the registries, plugins' methods included
 
-    p.add_argument("--method", default="mrtpo", choices=available_methods(),
-                   help="credit method whose weights are shown")
+    p.add_argument(
+        "--method", default="mrtpo", choices=available_methods(), help="credit method whose weights are shown"
+    )
     p.add_argument("--relevance", default="js", choices=RELEVANCE_KINDS, help="relevance of a replay")
-    p.add_argument("--lam", type=float, default=WEIGHT_SHAPE["lam"],
-                   help="0 uniform .. 1 proportional to relevance (training's default; the paper's: 1)")
-    p.add_argument("--w-max", type=float, default=WEIGHT_SHAPE["w_max"],
-                   help="cap on one token's weight (training's default; 0: no cap, the paper's)")
+    p.add_argument(
+        "--lam",
+        type=float,
+        default=WEIGHT_SHAPE["lam"],
+        help="0 uniform .. 1 proportional to relevance (training's default; the paper's: 1)",
+    )
+    p.add_argument(
+        "--w-max",
+        type=float,
+        default=WEIGHT_SHAPE["w_max"],
+        help="cap on one token's weight (training's default; 0: no cap, the paper's)",
+    )
     p.add_argument("--temperature", type=float, default=1.0, help="replay temperature (the sampling temperature)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="length cap of the greedy completion")
     p.add_argument("--no-eos", action="store_true", help="do not append the end-of-turn token to a given completion")
-    p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="task constructor argument (YAML value)")
+    p.add_argument(
+        "--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task constructor argument (YAML value)"
+    )
     p.add_argument("--out", type=Path, default=Path("explain.html"), metavar="FILE", help="HTML file to write")
     return p.parse_args(argv)
 
@@ -86,21 +104,41 @@ def _greedy(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
     import torch
 
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    stop = [i for i in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id}
-            if isinstance(i, int) and i >= 0]
+    stop = [
+        i
+        for i in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id}
+        if isinstance(i, int) and i >= 0
+    ]
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                             eos_token_id=stop, pad_token_id=tokenizer.pad_token_id)
-    new = out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    new = out[0, ids.shape[1] :].tolist()
     for k, tok in enumerate(new):
         if tok in stop:
             return new[: k + 1]
     return new
 
 
-def explain(model, tokenizer, task, example, completion_ids: list[int], completion_text: str, *, method: str = "mrtpo",
-            relevance: str = "js", lam: float = WEIGHT_SHAPE["lam"], w_max: float | None = WEIGHT_SHAPE["w_max"],
-            temperature: float = 1.0):
+def explain(
+    model,
+    tokenizer,
+    task,
+    example,
+    completion_ids: list[int],
+    completion_text: str,
+    *,
+    method: str = "mrtpo",
+    relevance: str = "js",
+    lam: float = WEIGHT_SHAPE["lam"],
+    w_max: float | None = WEIGHT_SHAPE["w_max"],
+    temperature: float = 1.0,
+):
     """Rewards, evidence, relevance and ``method``'s weights for one completion; returns a dict
     with ``view`` (a :class:`~mrtpo.report.token_view.CompletionView`) and the raw tensors."""
     import torch
@@ -117,13 +155,23 @@ def explain(model, tokenizer, task, example, completion_ids: list[int], completi
     credit = get_method(method)
     ids = torch.tensor(completion_ids, dtype=torch.long)
     result = replay_completion(
-        model, tokenizer, example, ids, evidences, render=prompt_renderer(task, tokenizer), kind=relevance,
-        temperature=temperature, verifiers=names, needs=("per_reward", credit.needs),  # each reward's map is shown
+        model,
+        tokenizer,
+        example,
+        ids,
+        evidences,
+        render=prompt_renderer(task, tokenizer),
+        kind=relevance,
+        temperature=temperature,
+        verifiers=names,
+        needs=("per_reward", credit.needs),  # each reward's map is shown
     )
     t = ids.numel()
     batch = CreditBatch(
-        rewards=torch.tensor([[float("nan") if r is None else float(r) for r in rewards]]), group_size=1,
-        mask=torch.ones(1, t), relevance=result.relevance.unsqueeze(0),
+        rewards=torch.tensor([[float("nan") if r is None else float(r) for r in rewards]]),
+        group_size=1,
+        mask=torch.ones(1, t),
+        relevance=result.relevance.unsqueeze(0),
         has_evidence=torch.tensor([result.has_evidence]),
         joint_relevance=None if result.joint is None else result.joint.unsqueeze(0),
         entropy=None if result.entropy is None else result.entropy.unsqueeze(0),
@@ -131,8 +179,10 @@ def explain(model, tokenizer, task, example, completion_ids: list[int], completi
     )
     weights = credit.weights(batch, CreditConfig(lam=lam, w_max=w_max))[0]  # (K, T)
     tokens = [tokenizer.decode([i]) for i in completion_ids]
-    rows = [CreditRow(n, r, weights[k].tolist(), result.relevance[k].tolist(), ev.placement if ev else None)
-            for k, (n, r, ev) in enumerate(zip(names, rewards, evidences))]
+    rows = [
+        CreditRow(n, r, weights[k].tolist(), result.relevance[k].tolist(), ev.placement if ev else None)
+        for k, (n, r, ev) in enumerate(zip(names, rewards, evidences))
+    ]
     reward_str = ", ".join(f"{n}={'n/a' if r is None else f'{r:g}'}" for n, r in zip(names, rewards))
     notes = {"example": example.id, "method": method, "relevance": relevance}
     for n, ev in zip(names, evidences):
@@ -140,8 +190,15 @@ def explain(model, tokenizer, task, example, completion_ids: list[int], completi
             text = " ".join(ev.text.split())
             notes[f"{n} evidence ({ev.placement})"] = text if len(text) <= 160 else text[:157] + "..."
     view = CompletionView(f"{example.id} · {reward_str}", tokens, rows, None, notes)
-    return {"view": view, "names": names, "rewards": rewards, "evidences": evidences, "weights": weights,
-            "relevance": result.relevance, "tokens": tokens}
+    return {
+        "view": view,
+        "names": names,
+        "rewards": rewards,
+        "evidences": evidences,
+        "weights": weights,
+        "relevance": result.relevance,
+        "tokens": tokens,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ExplainError(f"--index must be >= 0, got {args.index}")
         examples = task.load(args.split, limit=args.index + 1)
         if args.index >= len(examples):
-            raise ExplainError(f"--index {args.index} is out of range: split {args.split!r} of task {args.task!r} "
-                               f"has {len(examples)} examples")
+            raise ExplainError(
+                f"--index {args.index} is out of range: split {args.split!r} of task {args.task!r} "
+                f"has {len(examples)} examples"
+            )
         example = examples[args.index]
         if args.completion_file is not None:
             if not args.completion_file.is_file():
@@ -194,8 +253,19 @@ def main(argv: list[str] | None = None) -> int:
     if not ids:
         print("mrtpo explain: the completion has no tokens", file=sys.stderr)
         return 2
-    res = explain(model, tokenizer, task, example, ids, text, method=args.method, relevance=args.relevance,
-                  lam=args.lam, w_max=args.w_max or None, temperature=args.temperature)
+    res = explain(
+        model,
+        tokenizer,
+        task,
+        example,
+        ids,
+        text,
+        method=args.method,
+        relevance=args.relevance,
+        lam=args.lam,
+        w_max=args.w_max or None,
+        temperature=args.temperature,
+    )
     print(f"{args.task} {example.id} · {origin} · {len(ids)} tokens · model {args.model}")
     print("  " + text.strip().replace("\n", "\n  ")[:600])
     for k, (name, r, ev) in enumerate(zip(res["names"], res["rewards"], res["evidences"])):
@@ -205,9 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         r_str = "n/a" if r is None or (isinstance(r, float) and math.isnan(r)) else f"{r:g}"
         where = ev.placement if ev is not None else "no evidence, uniform"
         print(f"  {name:>14} = {r_str:<5} ({where}): credit peaks on {peaks}")
-    intro = (f"{origin}; weights of method {args.method!r}. In-prompt evidence is removed for the counterfactual; "
-             f"privileged evidence is appended under {DEFAULT_PRIVILEGED_HEADER!r}. A single completion has no group "
-             "advantage, so only the weights are shown.")
+    intro = (
+        f"{origin}; weights of method {args.method!r}. In-prompt evidence is removed for the counterfactual; "
+        f"privileged evidence is appended under {DEFAULT_PRIVILEGED_HEADER!r}. A single completion has no group "
+        "advantage, so only the weights are shown."
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render_html([res["view"]], f"Token credit · {args.task} · {example.id}", intro))
     print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")

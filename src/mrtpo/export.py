@@ -31,8 +31,14 @@ __all__ = ["export_model", "main"]
 
 #: The default output folder inside the run folder.
 EXPORT_DIR = "export"
-_COPIED = ("README.md", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-           "generation_config.json")
+_COPIED = (
+    "README.md",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 def _source(run: Path) -> tuple[Path, str | None]:
@@ -50,8 +56,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 _WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json")
 
 
-def export_model(run: str | Path, output_dir: str | Path | None = None, overwrite: bool = False,
-                 dtype: str | None = None) -> Path:
+def export_model(
+    run: str | Path, output_dir: str | Path | None = None, overwrite: bool = False, dtype: str | None = None
+) -> Path:
     """Write the standalone model of run folder ``run`` to ``output_dir`` (default ``<run>/export``), its
     weights in ``dtype`` (None: float32 for a merged adapter, a full model's own dtype)."""
     if dtype is not None and dtype not in DTYPES:
@@ -66,8 +73,15 @@ def export_model(run: str | Path, output_dir: str | Path | None = None, overwrit
     check_output_folder(dest, overwrite, slot=run / EXPORT_DIR)
     partial = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    skip = ("optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "*.yaml",
-            OUTPUT_MARK)
+    skip = (
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state*",
+        "trainer_state.json",
+        "training_args.bin",
+        "*.yaml",
+        OUTPUT_MARK,
+    )
     try:
         if is_adapter(source):
             _merge(run, source, partial, dtype or "float32")
@@ -122,15 +136,25 @@ def _card_base(adapter: Path) -> str | None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="mrtpo export", formatter_class=HelpFormatter,
+        prog="mrtpo export",
+        formatter_class=HelpFormatter,
         description="Write a run's final model as one standalone model folder: a LoRA adapter merged into its "
-                    "base model (peft merge_and_unload), or a copy of a fully fine-tuned model.")
+        "base model (peft merge_and_unload), or a copy of a fully fine-tuned model.",
+    )
     p.add_argument("run", metavar="RUN", help="run folder of mrtpo train")
-    p.add_argument("--output-dir", "--out", dest="output_dir", metavar="DIR",
-                   help="where to write the model (default: <RUN>/export)")
+    p.add_argument(
+        "--output-dir",
+        "--out",
+        dest="output_dir",
+        metavar="DIR",
+        help="where to write the model (default: <RUN>/export)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it holds files")
-    p.add_argument("--dtype", choices=DTYPES, help="dtype of the saved weights (default: float32 for a merged LoRA "
-                                                   "adapter, a fully fine-tuned model's own)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="dtype of the saved weights (default: float32 for a merged LoRA adapter, a fully fine-tuned model's own)",
+    )
     return p
 
 
@@ -144,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mrtpo export: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a read-only folder: the run is untouched, the output not written
-        print(f"mrtpo export: error: cannot write {exc.filename or ns.output_dir}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"mrtpo export: error: cannot write {exc.filename or ns.output_dir}: {exc.strerror or exc}", file=sys.stderr
+        )
         return 2
     kind = "merged LoRA adapter" if is_adapter(_source(Path(ns.run))[0]) else "copy"
     print(f"exported ({kind}): {dest}")

@@ -61,19 +61,37 @@ def fast_sampling_supported(model: Any, generation_config: Any) -> bool:
         return False
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     body = getattr(inner, "model", None)
-    if (rope.get("rope_type", "default") not in _ROPE_TYPES or getattr(config, "use_sliding_window", False)
-            or getattr(config, "hidden_act", None) != "silu" or body is None or not hasattr(body, "layers")
-            or (inner.training and getattr(config, "attention_dropout", 0.0))):
+    if (
+        rope.get("rope_type", "default") not in _ROPE_TYPES
+        or getattr(config, "use_sliding_window", False)
+        or getattr(config, "hidden_act", None) != "silu"
+        or body is None
+        or not hasattr(body, "layers")
+        or (inner.training and getattr(config, "attention_dropout", 0.0))
+    ):
         return False
     g = generation_config
-    warpers = (not getattr(g, "do_sample", False)  # greedy: generate applies no warper
-               or (_neutral(getattr(g, "top_k", None), 0) and _neutral(getattr(g, "top_p", None), 1.0)
-                   and getattr(g, "min_p", None) is None and (getattr(g, "temperature", None) or 1.0) > 0))
-    return (warpers and _neutral(getattr(g, "no_repeat_ngram_size", None), 0)
-            and _neutral(getattr(g, "repetition_penalty", None), 1.0) and not getattr(g, "suppress_tokens", None)
-            and not getattr(g, "bad_words_ids", None) and _neutral(getattr(g, "num_beams", None), 1)
-            and _neutral(getattr(g, "num_return_sequences", None), 1) and not getattr(g, "min_new_tokens", None)
-            and not getattr(g, "stop_strings", None) and getattr(g, "max_new_tokens", None) is not None)
+    warpers = (
+        not getattr(g, "do_sample", False)  # greedy: generate applies no warper
+        or (
+            _neutral(getattr(g, "top_k", None), 0)
+            and _neutral(getattr(g, "top_p", None), 1.0)
+            and getattr(g, "min_p", None) is None
+            and (getattr(g, "temperature", None) or 1.0) > 0
+        )
+    )
+    return (
+        warpers
+        and _neutral(getattr(g, "no_repeat_ngram_size", None), 0)
+        and _neutral(getattr(g, "repetition_penalty", None), 1.0)
+        and not getattr(g, "suppress_tokens", None)
+        and not getattr(g, "bad_words_ids", None)
+        and _neutral(getattr(g, "num_beams", None), 1)
+        and _neutral(getattr(g, "num_return_sequences", None), 1)
+        and not getattr(g, "min_new_tokens", None)
+        and not getattr(g, "stop_strings", None)
+        and getattr(g, "max_new_tokens", None) is not None
+    )
 
 
 class Unsupported(Exception):
@@ -182,7 +200,7 @@ def _low_rank(modules: list[torch.nn.Module], norm: Tensor | None, fuse: Any = N
         for a, b in terms:
             a_parts.append(a if norm is None else a * norm.to(a.dtype))
             placed = b.new_zeros(sum(sizes), b.shape[1])
-            placed[sum(sizes[:j]):sum(sizes[:j + 1])] = b
+            placed[sum(sizes[:j]) : sum(sizes[: j + 1])] = b
             b_parts.append(placed)
     if not a_parts:
         return None, None
@@ -241,13 +259,20 @@ class _DecodeStep:
 
             for layer, (eps_in, w_in, wo, eps_post, w_gate_up, wd) in zip(body.layers, base[0]):
                 attn, mlp = layer.self_attn, layer.mlp
-                self.layers.append((
-                    eps_in, w_in.with_low_rank(*_low_rank([attn.q_proj, attn.k_proj, attn.v_proj],
-                                                          layer.input_layernorm.weight, fuse_in)),
-                    wo.with_low_rank(*_low_rank([attn.o_proj], None)),
-                    eps_post, w_gate_up.with_low_rank(*_low_rank([mlp.gate_proj, mlp.up_proj],
-                                                                 layer.post_attention_layernorm.weight)),
-                    wd.with_low_rank(*_low_rank([mlp.down_proj], None))))
+                self.layers.append(
+                    (
+                        eps_in,
+                        w_in.with_low_rank(
+                            *_low_rank([attn.q_proj, attn.k_proj, attn.v_proj], layer.input_layernorm.weight, fuse_in)
+                        ),
+                        wo.with_low_rank(*_low_rank([attn.o_proj], None)),
+                        eps_post,
+                        w_gate_up.with_low_rank(
+                            *_low_rank([mlp.gate_proj, mlp.up_proj], layer.post_attention_layernorm.weight)
+                        ),
+                        wd.with_low_rank(*_low_rank([mlp.down_proj], None)),
+                    )
+                )
             head, self.eps_final = base[1], base[2]
             self.head = head.with_low_rank(*_low_rank([inner.lm_head], body.norm.weight))
         shape = (rows, self.kv_heads, columns, d)
@@ -283,17 +308,27 @@ class _DecodeStep:
                 return b.float() if b is not None else torch.zeros(w.shape[0], device=device)
 
             w_in = _fold_in(wq.float(), wk.float(), wv.float(), rotate, scale) * norm_in
-            b_in = _fold_in(bias_of(bq, wq)[:, None], bias_of(bk, wk)[:, None], bias_of(bv, wv)[:, None], rotate,
-                            scale)[:, 0]
+            b_in = _fold_in(
+                bias_of(bq, wq)[:, None], bias_of(bk, wk)[:, None], bias_of(bv, wv)[:, None], rotate, scale
+            )[:, 0]
             wo, bo, _ = linear_parts(attn.o_proj)
             norm_post, eps_post = _norm_weight(layer.post_attention_layernorm)
-            (wg, bg, _), (wu, bu, _), (wd, bd, _) = (linear_parts(m)
-                                                     for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+            (wg, bg, _), (wu, bu, _), (wd, bd, _) = (
+                linear_parts(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            )
             if any(b is not None for b in (bo, bg, bu, bd)):
                 raise Unsupported("biases on the output or MLP projections")
             w_gate_up = torch.cat([wg.float(), wu.float()]) * norm_post.float()
-            layers.append((eps_in, _Product(w_in.to(dtype), b_in.to(dtype)), _Product(wo.to(dtype)), eps_post,
-                           _Product(w_gate_up.to(dtype)), _Product(wd.to(dtype))))
+            layers.append(
+                (
+                    eps_in,
+                    _Product(w_in.to(dtype), b_in.to(dtype)),
+                    _Product(wo.to(dtype)),
+                    eps_post,
+                    _Product(w_gate_up.to(dtype)),
+                    _Product(wd.to(dtype)),
+                )
+            )
         head_weight, head_bias, _ = linear_parts(inner.lm_head)
         norm_final, eps_final = _norm_weight(body.norm)
         head = _Product((head_weight.float() * norm_final.float()).to(dtype), head_bias)
@@ -325,12 +360,18 @@ class _DecodeStep:
         mask = bias[..., :span]
         for i, (eps_in, w_in, wo, eps_post, w_gate_up, wd) in enumerate(self.layers):
             projected = w_in(_rms_scaled(h, eps_in))  # (B, QK + V + QK)
-            rotated = torch.addcmul(projected[:, :qk] * cos, projected[:, qk + self.k_width:], sin)
-            q = rotated[:, :self.q_width].view(b, self.heads, 1, d)
-            self.keys[i][:, :, column] = rotated[:, self.q_width:].view(b, self.kv_heads, d)
-            self.values[i][:, :, column] = projected[:, qk:qk + self.k_width].view(b, self.kv_heads, d)
-            attended = F.scaled_dot_product_attention(q, self.keys[i][:, :, :span], self.values[i][:, :, :span],
-                                                      attn_mask=mask, scale=1.0, enable_gqa=self.groups > 1)
+            rotated = torch.addcmul(projected[:, :qk] * cos, projected[:, qk + self.k_width :], sin)
+            q = rotated[:, : self.q_width].view(b, self.heads, 1, d)
+            self.keys[i][:, :, column] = rotated[:, self.q_width :].view(b, self.kv_heads, d)
+            self.values[i][:, :, column] = projected[:, qk : qk + self.k_width].view(b, self.kv_heads, d)
+            attended = F.scaled_dot_product_attention(
+                q,
+                self.keys[i][:, :, :span],
+                self.values[i][:, :, :span],
+                attn_mask=mask,
+                scale=1.0,
+                enable_gqa=self.groups > 1,
+            )
             h = wo(attended.reshape(b, -1), add_to=h)  # (B, H, 1, D) -> (B, H·D)
             gate, up = w_gate_up(_rms_scaled(h, eps_post)).chunk(2, dim=-1)
             h = wd(F.silu(gate) * up, add_to=h)
@@ -346,8 +387,9 @@ def draw(probs: Tensor, uniform: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def sample(model: Any, input_ids: Tensor, attention_mask: Tensor, generation_config: Any,
-           return_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def sample(
+    model: Any, input_ids: Tensor, attention_mask: Tensor, generation_config: Any, return_logits: bool = False
+) -> Tensor | tuple[Tensor, Tensor]:
     """What ``model.generate(input_ids, attention_mask, generation_config=...)`` returns under
     sampling or greedy decoding (``do_sample`` false: each row's argmax): ``(B, P + T)`` ids, the
     prompt then up to ``max_new_tokens`` new tokens, rows that
@@ -418,18 +460,38 @@ def fast_sampling(model: Any):
 
     def replacement(generate):
         def sampled(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
-            if (not kwargs and attention_mask is not None and generation_config is not None
-                    and fast_sampling_supported(model, generation_config)):
+            if (
+                not kwargs
+                and attention_mask is not None
+                and generation_config is not None
+                and fast_sampling_supported(model, generation_config)
+            ):
                 try:
                     return sample(model, input_ids, attention_mask, generation_config)
                 except Unsupported:
                     pass
-            return generate_with_shared_prefill(model, generate, input_ids=input_ids, attention_mask=attention_mask,
-                                                generation_config=generation_config, **kwargs)
+            return generate_with_shared_prefill(
+                model,
+                generate,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=generation_config,
+                **kwargs,
+            )
+
         return sampled
 
     return patched_generate(model, replacement)
 
 
-__all__ = ["MAX_PARAMETERS", "SUPPORTED_MODEL_TYPES", "Unsupported", "draw", "fast_sampling",
-           "fast_sampling_supported", "linear_parts", "rotate_half_matrix", "sample"]
+__all__ = [
+    "MAX_PARAMETERS",
+    "SUPPORTED_MODEL_TYPES",
+    "Unsupported",
+    "draw",
+    "fast_sampling",
+    "fast_sampling_supported",
+    "linear_parts",
+    "rotate_half_matrix",
+    "sample",
+]

@@ -16,8 +16,19 @@ import sys
 import threading
 import urllib.request
 
-__all__ = ["CHECK_TIMEOUT_S", "DEFAULT_ENDPOINT", "REASON_VAR", "HubError", "decide",
-           "endpoint", "go_offline", "hub_reachable", "offline_reason", "prepare_hub", "user_setting"]
+__all__ = [
+    "CHECK_TIMEOUT_S",
+    "DEFAULT_ENDPOINT",
+    "REASON_VAR",
+    "HubError",
+    "decide",
+    "endpoint",
+    "go_offline",
+    "hub_reachable",
+    "offline_reason",
+    "prepare_hub",
+    "user_setting",
+]
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CHECK_TIMEOUT_S = 2.0
@@ -102,8 +113,10 @@ def decide() -> bool:
         return True  # set in code (huggingface_hub.constants.HF_HUB_OFFLINE = True)
     if hub_reachable():
         return False
-    go_offline(f"the hub endpoint {endpoint()} gave no usable answer within {CHECK_TIMEOUT_S:g} s, so mrtpo set "
-               "HF_HUB_OFFLINE=1")
+    go_offline(
+        f"the hub endpoint {endpoint()} gave no usable answer within {CHECK_TIMEOUT_S:g} s, so mrtpo set "
+        "HF_HUB_OFFLINE=1"
+    )
     return True
 
 
@@ -123,11 +136,14 @@ def prepare_hub(push_to_hub: bool = False) -> bool:
     if not push_to_hub:
         return offline
     if offline:
-        raise HubError(f"push_to_hub=true needs the model hub, which is offline here ({offline_reason()}); "
-                       "or set push_to_hub=false and upload the run folder later")
+        raise HubError(
+            f"push_to_hub=true needs the model hub, which is offline here ({offline_reason()}); "
+            "or set push_to_hub=false and upload the run folder later"
+        )
     from huggingface_hub import get_token
 
     if get_token() is None:
-        raise HubError("push_to_hub=true needs a Hugging Face token: `hf auth login` or HF_TOKEN=..., "
-                       "or set push_to_hub=false")
+        raise HubError(
+            "push_to_hub=true needs a Hugging Face token: `hf auth login` or HF_TOKEN=..., or set push_to_hub=false"
+        )
     return offline

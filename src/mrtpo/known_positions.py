@@ -55,9 +55,15 @@ def knows_positions(verifier: Any, spans_of: SpansOf | None = None) -> bool:
     return callable(getattr(verifier, "positions", None)) or spans_of is not None
 
 
-def known_position_mask(verifiers: Sequence[Any], examples: Sequence[Example], texts: Sequence[str],
-                        ids: Sequence[Sequence[int]], width: int, tokenizer=None,
-                        spans_of: SpansOf | None = None) -> Tensor:
+def known_position_mask(
+    verifiers: Sequence[Any],
+    examples: Sequence[Example],
+    texts: Sequence[str],
+    ids: Sequence[Sequence[int]],
+    width: int,
+    tokenizer=None,
+    spans_of: SpansOf | None = None,
+) -> Tensor:
     """``(B, K, T)`` float32: 1 where completion ``b`` holds a token that reward ``k`` is known to read.
 
     ``verifiers`` ``K``; per completion ``b``: its prompt's ``examples[b]``, decoded ``texts[b]`` and
@@ -86,8 +92,9 @@ def known_position_mask(verifiers: Sequence[Any], examples: Sequence[Example], t
                 offsets = token_offsets(tokenizer, list(row[:length]))
             for name, _, char_spans in spans:
                 if name == verifier.name:
-                    mask[b, k, :length] = torch.maximum(mask[b, k, :length],
-                                                        char_spans_to_tokens(offsets, char_spans).float())
+                    mask[b, k, :length] = torch.maximum(
+                        mask[b, k, :length], char_spans_to_tokens(offsets, char_spans).float()
+                    )
     return mask
 
 

@@ -31,9 +31,16 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    info: dict[str, Any] = {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
-                            "threads": torch.get_num_threads(), "gpu": gpu, "python": platform.python_version(),
-                            "torch": torch.__version__, "load_average": os.getloadavg()}
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_average": os.getloadavg(),
+    }
     try:
         import transformers
 

@@ -91,8 +91,10 @@ def cache_keyword(model: Any) -> str:
         return "cache"
     if "past_key_values" in params:
         return "past_key_values"
-    raise TypeError(f"{type(underlying_model(model)).__name__}.forward takes neither `cache` nor `past_key_values`: "
-                    "the replay needs a model that accepts a KV cache")
+    raise TypeError(
+        f"{type(underlying_model(model)).__name__}.forward takes neither `cache` nor `past_key_values`: "
+        "the replay needs a model that accepts a KV cache"
+    )
 
 
 def returned_cache(out: Any) -> Any:
@@ -124,10 +126,15 @@ class PassLogits:
     def of(self, member: int, context: int) -> Tensor:
         """``(G, T_m, V)``: member ``member``'s completions under its context ``context``."""
         first = self.blocks[member][context]
-        return self.logits[first:first + self.sizes[member], :self.widths[member]]
+        return self.logits[first : first + self.sizes[member], : self.widths[member]]
 
 
 __all__ = [
-    "ForwardCounter", "PassLogits", "autocast_outputs", "cache_keyword", "completion_logits", "returned_cache",
+    "ForwardCounter",
+    "PassLogits",
+    "autocast_outputs",
+    "cache_keyword",
+    "completion_logits",
+    "returned_cache",
     "underlying_model",
 ]

@@ -38,8 +38,17 @@ import torch
 from mrtpo.models import ModelLoadError, load_policy, resolve_model
 from mrtpo.trl_names import NOT_TAKEN
 
-__all__ = ["DTYPES", "KEYS", "ModelInit", "ModelInitError", "apply_model_init", "hand_to_trl", "load_with_init",
-           "parse_model_init", "run_model_init"]
+__all__ = [
+    "DTYPES",
+    "KEYS",
+    "ModelInit",
+    "ModelInitError",
+    "apply_model_init",
+    "hand_to_trl",
+    "load_with_init",
+    "parse_model_init",
+    "run_model_init",
+]
 
 KEYS = ("attn_implementation", "dtype", "revision", "trust_remote_code", "use_kernels", "device_map")
 _ALIASES = {"torch_dtype": "dtype"}  # transformers' old name
@@ -86,8 +95,9 @@ class ModelInit:
         return {"dtype": self.dtype, **self.from_pretrained_kwargs()}
 
 
-def parse_model_init(model: str, kwargs: Any, *, dtype: str = "float32", dtype_given: bool = False,
-                     trust_remote_code: bool = False) -> ModelInit:
+def parse_model_init(
+    model: str, kwargs: Any, *, dtype: str = "float32", dtype_given: bool = False, trust_remote_code: bool = False
+) -> ModelInit:
     """Check ``kwargs`` (a mapping, a JSON string or None) for loading ``model``; raise :class:`ModelInitError`.
 
     ``dtype``: the run's dtype setting, used unless ``kwargs`` names one; ``dtype_given``: the user set it
@@ -100,8 +110,9 @@ def parse_model_init(model: str, kwargs: Any, *, dtype: str = "float32", dtype_g
             raise ModelInitError(f"model_init_kwargs must be a mapping, got the string {kwargs!r}") from None
     kwargs = dict(kwargs or {}) if isinstance(kwargs, dict) or kwargs is None else kwargs
     if not isinstance(kwargs, dict):
-        raise ModelInitError(f"model_init_kwargs must be a mapping such as {{attn_implementation: eager}}, "
-                             f"got {kwargs!r}")
+        raise ModelInitError(
+            f"model_init_kwargs must be a mapping such as {{attn_implementation: eager}}, got {kwargs!r}"
+        )
     given: dict[str, Any] = {}
     for key, value in kwargs.items():
         name = _ALIASES.get(key, key)
@@ -110,8 +121,9 @@ def parse_model_init(model: str, kwargs: Any, *, dtype: str = "float32", dtype_g
         if name not in KEYS:
             close = difflib.get_close_matches(str(key), KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ModelInitError(f"model_init_kwargs: unknown key {key!r}{hint}; mrtpo applies "
-                                 f"{', '.join(KEYS)} (see mrtpo.model_init)")
+            raise ModelInitError(
+                f"model_init_kwargs: unknown key {key!r}{hint}; mrtpo applies {', '.join(KEYS)} (see mrtpo.model_init)"
+            )
         given[name] = value
     chosen = given.get("dtype", dtype)
     if isinstance(chosen, torch.dtype):
@@ -134,34 +146,53 @@ def parse_model_init(model: str, kwargs: Any, *, dtype: str = "float32", dtype_g
     device_map = given.get("device_map")
     if device_map is not None:
         if not isinstance(device_map, (str, dict)):
-            raise ModelInitError(f"model_init_kwargs: device_map must be a device (cpu, cuda:0), auto or a mapping, "
-                                 f"got {device_map!r}")
+            raise ModelInitError(
+                f"model_init_kwargs: device_map must be a device (cpu, cuda:0), auto or a mapping, got {device_map!r}"
+            )
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ModelInitError("model_init_kwargs: device_map places one copy of the model; under several "
-                                 "processes each holds its own, placed by accelerate: remove device_map")
+            raise ModelInitError(
+                "model_init_kwargs: device_map places one copy of the model; under several "
+                "processes each holds its own, placed by accelerate: remove device_map"
+            )
         if model == "gym" and not isinstance(device_map, str):
-            raise ModelInitError(f"model_init_kwargs: the gym policy is built in memory; device_map {device_map!r} "
-                                 "must be one device")
+            raise ModelInitError(
+                f"model_init_kwargs: the gym policy is built in memory; device_map {device_map!r} must be one device"
+            )
     revision = given.get("revision")
     if revision is not None:
         kind = "gym policy" if model == "gym" else resolve_model(model).kind
         if kind != "hub":
             what = {"preset": "a preset", "gguf": "a .gguf file", "local": "a local folder"}.get(kind, "the gym policy")
-            raise ModelInitError(f"model_init_kwargs: revision {revision!r} applies to hub ids only; {model!r} is "
-                                 f"{what}, which has one version: remove revision (or name a hub id)")
-    return ModelInit(dtype=chosen, attn_implementation=given.get("attn_implementation"), revision=revision,
-                     trust_remote_code=trust, use_kernels=use_kernels, device_map=device_map)
+            raise ModelInitError(
+                f"model_init_kwargs: revision {revision!r} applies to hub ids only; {model!r} is "
+                f"{what}, which has one version: remove revision (or name a hub id)"
+            )
+    return ModelInit(
+        dtype=chosen,
+        attn_implementation=given.get("attn_implementation"),
+        revision=revision,
+        trust_remote_code=trust,
+        use_kernels=use_kernels,
+        device_map=device_map,
+    )
 
 
 def run_model_init(config) -> ModelInit:
     """The :class:`ModelInit` of a resolved run config (``mrtpo.config.RunConfig``)."""
-    return parse_model_init(config.run.model, config.args.model_init_kwargs, dtype=config.run.dtype,
-                            dtype_given="dtype" in config.explicit, trust_remote_code=config.args.trust_remote_code)
+    return parse_model_init(
+        config.run.model,
+        config.args.model_init_kwargs,
+        dtype=config.run.dtype,
+        dtype_given="dtype" in config.explicit,
+        trust_remote_code=config.args.trust_remote_code,
+    )
 
 
 def _attn_error(init: ModelInit, err: Exception) -> ModelInitError:
-    return ModelInitError(f"model_init_kwargs: attn_implementation={init.attn_implementation!r} cannot be used "
-                          f"here ({type(err).__name__}: {err}); eager and sdpa work everywhere")
+    return ModelInitError(
+        f"model_init_kwargs: attn_implementation={init.attn_implementation!r} cannot be used "
+        f"here ({type(err).__name__}: {err}); eager and sdpa work everywhere"
+    )
 
 
 def load_with_init(spec, init: ModelInit, cache_dir=None):

@@ -47,14 +47,18 @@ def base_weights_note(spec: str | os.PathLike) -> str | None:
     if text in PRESETS:
         preset = PRESETS[text]
         what = preset.description.split(" (")[0]
-        return (f"**Base weights.** Trained on mrtpo's preset `{text}`: {what}, dequantised to "
-                f"bfloat16 (GGUF sha256 `{preset.sha256[:12]}…`; {preset.source}), not the original "
-                f"{UPSTREAM.get(text, 'hub')} weights, which differ by the quantisation error. mrtpo loads an "
-                f"adapter naming {UPSTREAM.get(text, text)} on that same preset; on the hub model it behaves close "
-                "to, not exactly as, it did in training.")
+        return (
+            f"**Base weights.** Trained on mrtpo's preset `{text}`: {what}, dequantised to "
+            f"bfloat16 (GGUF sha256 `{preset.sha256[:12]}…`; {preset.source}), not the original "
+            f"{UPSTREAM.get(text, 'hub')} weights, which differ by the quantisation error. mrtpo loads an "
+            f"adapter naming {UPSTREAM.get(text, text)} on that same preset; on the hub model it behaves close "
+            "to, not exactly as, it did in training."
+        )
     if text.lower().endswith(".gguf"):
-        return (f"**Base weights.** Trained on `{Path(text).name}`, a GGUF file dequantised to bfloat16 by "
-                "transformers' GGUF loader: the base model is those dequantised weights.")
+        return (
+            f"**Base weights.** Trained on `{Path(text).name}`, a GGUF file dequantised to bfloat16 by "
+            "transformers' GGUF loader: the base model is those dequantised weights."
+        )
     return None
 
 

@@ -185,5 +185,14 @@ def verify_preset(preset: Preset | str) -> str:
     return join_parts(PRESETS[preset] if isinstance(preset, str) else preset, None)
 
 
-__all__ = ["CHUNK", "PRESETS", "ModelLoadError", "Part", "Preset", "join_parts", "preset_list", "sha256_file",
-           "verify_preset"]
+__all__ = [
+    "CHUNK",
+    "PRESETS",
+    "ModelLoadError",
+    "Part",
+    "Preset",
+    "join_parts",
+    "preset_list",
+    "sha256_file",
+    "verify_preset",
+]

@@ -250,8 +250,9 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
     # Dense weights are what we cache and train: ask for them, rather than let transformers look for
     # packed-GGUF matmul kernels and warn about dtypes those would use.
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16,
-                                                 quantization_config=GgufConfig(dequantize=True), **kw)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True), **kw
+    )
     _strip_quantization(model)
     _finish_tokenizer(tok, model)
     model.config.name_or_path = gguf.stem
@@ -271,9 +272,13 @@ def _build_cache(entry: Path, record: dict, make_gguf) -> None:
         gguf, digest = make_gguf(tmp)
         staged = tmp / "model"
         _convert_gguf(gguf, staged)
-        rec = dict(record, format=CACHE_FORMAT, sha256=digest,
-                   converted_s=round(time.perf_counter() - t0, 2),
-                   created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        rec = dict(
+            record,
+            format=CACHE_FORMAT,
+            sha256=digest,
+            converted_s=round(time.perf_counter() - t0, 2),
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
         (staged / _MARKER).write_text(json.dumps(rec, indent=2) + "\n")
         try:
             os.replace(staged, entry)  # atomic; fails if a complete entry appeared meanwhile
@@ -342,9 +347,12 @@ def _load_hub(hub_id: str, dtype, **init):
         tok = AutoTokenizer.from_pretrained(hub_id, local_files_only=offline, **_tokenizer_kwargs(init))
         model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype, local_files_only=offline, **init)
     except (OSError, ValueError) as err:
-        why = (f"the model hub is offline here ({offline_reason()}) and the model was not found in the local "
-               "Hugging Face cache" if offline
-               else "the model hub is unreachable or the id (or revision) does not exist")
+        why = (
+            f"the model hub is offline here ({offline_reason()}) and the model was not found in the local "
+            "Hugging Face cache"
+            if offline
+            else "the model hub is unreachable or the id (or revision) does not exist"
+        )
         raise ModelLoadError(
             f"cannot load hub model {hub_id!r}: {why}. Use a preset instead ({preset_list()}; "
             f"default {DEFAULT_MODEL!r}, installed by `bash scripts/setup.sh`), a local folder "

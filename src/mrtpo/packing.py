@@ -47,11 +47,14 @@ class PackedBatch:
     def to(self, device: Any, dtype: torch.dtype | None = None) -> PackedBatch:
         """On ``device``; with ``dtype`` the attention mask becomes additive in it (0 where attended, the
         dtype's minimum elsewhere), which SDPA's CPU kernel runs faster than a boolean mask."""
-        moved = [getattr(self, f).to(device, non_blocking=True) for f in
-                 ("input_ids", "position_ids", "attention", "labels", "index", "valid")]
+        moved = [
+            getattr(self, f).to(device, non_blocking=True)
+            for f in ("input_ids", "position_ids", "attention", "labels", "index", "valid")
+        ]
         if dtype is not None:
-            moved[2] = torch.zeros(moved[2].shape, dtype=dtype, device=device).masked_fill(~moved[2],
-                                                                                          torch.finfo(dtype).min)
+            moved[2] = torch.zeros(moved[2].shape, dtype=dtype, device=device).masked_fill(
+                ~moved[2], torch.finfo(dtype).min
+            )
         return PackedBatch(*moved)
 
     def gather(self, per_position: Tensor) -> Tensor:
@@ -62,8 +65,12 @@ class PackedBatch:
         return picked.masked_fill(~keep, 0)
 
 
-def pack(prefixes: Sequence[Sequence[int]], completions: Sequence[Sequence[Sequence[int]]], pad_id: int = 0,
-         width: int | None = None) -> PackedBatch:
+def pack(
+    prefixes: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[Sequence[int]]],
+    pad_id: int = 0,
+    width: int | None = None,
+) -> PackedBatch:
     """Pack ``completions[r]`` (each a list of token ids) behind ``prefixes[r]`` (at least one token),
     one row per prefix; completions are numbered in order, row by row. ``width``: the ``T`` of
     ``index`` (default: the longest completion)."""
@@ -99,8 +106,9 @@ def pack(prefixes: Sequence[Sequence[int]], completions: Sequence[Sequence[Seque
     offsets = torch.arange(t)
     valid = offsets < n.unsqueeze(1)  # (N, T)
     index = torch.where(valid, (row * length + start).unsqueeze(1) + offsets, 0)
-    return PackedBatch(padded(rows, pad_id), padded(positions, 0), visible.unsqueeze(1), padded(labels, -100),
-                       index, valid)
+    return PackedBatch(
+        padded(rows, pad_id), padded(positions, 0), visible.unsqueeze(1), padded(labels, -100), index, valid
+    )
 
 
 def _dtype(model: Any) -> torch.dtype:
@@ -126,8 +134,14 @@ def split_rows(ids: Tensor, mask: Tensor) -> list[list[int]]:
     return [[t for t, m in zip(row, keep) if m] for row, keep in zip(ids.tolist(), mask.tolist())]
 
 
-def packed_logps(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
-                 compute_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def packed_logps(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    compute_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
     """What :func:`mrtpo.shared_prompt.shared_prompt_logps` returns — per-token log-probabilities and,
     if asked, entropies ``(B, T)`` of ``completion_ids`` under TRL's fused LM head — with the rows of
     each distinct prompt packed behind it (one forward call, no padding between completions); 0 at
@@ -143,10 +157,16 @@ def packed_logps(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion
     for j, prompt in enumerate(prompts):
         order.setdefault(tuple(prompt), []).append(j)
     members = list(order.values())
-    batch = pack([list(p) for p in order], [[completions[j] for j in group] for group in members],
-                 width=completion_ids.shape[1]).to(completion_ids.device, _dtype(model))
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention, position_ids=batch.position_ids,
-                shift_labels=batch.labels, fused_lm_head=True)
+    batch = pack(
+        [list(p) for p in order], [[completions[j] for j in group] for group in members], width=completion_ids.shape[1]
+    ).to(completion_ids.device, _dtype(model))
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention,
+        position_ids=batch.position_ids,
+        shift_labels=batch.labels,
+        fused_lm_head=True,
+    )
     rows = torch.tensor([j for group in members for j in group], device=completion_ids.device)
     inverse = torch.empty_like(rows)
     inverse[rows] = torch.arange(len(rows), device=rows.device)
@@ -156,8 +176,12 @@ def packed_logps(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion
 
 
 @torch.no_grad()
-def packed_pass_logits(model: Any, members: Sequence[tuple[Sequence[Sequence[int]], Tensor]],
-                       lengths: Sequence[Tensor], counter: Any = None):
+def packed_pass_logits(
+    model: Any,
+    members: Sequence[tuple[Sequence[Sequence[int]], Tensor]],
+    lengths: Sequence[Tensor],
+    counter: Any = None,
+):
     """:func:`mrtpo.replay.pass_context_logits` in one forward call: every distinct context of every
     member group packed with the group's completions behind it (``lengths[m]`` ``(G,)`` their
     lengths). Returns the same :class:`mrtpo.model_calls.PassLogits` layout, 0 past each completion."""

@@ -26,8 +26,9 @@ from mrtpo.replay_plan import GroupPlan, ReplayPlan, example_contexts, plan_repl
 from mrtpo.verifiers import Evidence, Example
 
 
-def _left_padded(sequences: Sequence[Sequence[int]], starts: Sequence[int],
-                 device: Any) -> tuple[Tensor, Tensor, Tensor]:
+def _left_padded(
+    sequences: Sequence[Sequence[int]], starts: Sequence[int], device: Any
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(ids, mask, positions)`` ``(N, W)`` of token sequences left-padded to the longest, each
     sequence's positions counting from its ``starts[i]``; built on the host, one copy each."""
     width = max(map(len, sequences))
@@ -80,22 +81,32 @@ def pass_context_logits(
     shared = [s for contexts in member_contexts for s in shared_lengths(contexts)]
     cache = None
     if trunk_width > 0:
-        ids, mask, positions = _left_padded([contexts[0][:-1] for contexts in member_contexts],
-                                            [0] * len(members), device)
+        ids, mask, positions = _left_padded(
+            [contexts[0][:-1] for contexts in member_contexts], [0] * len(members), device
+        )
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         cache = returned_cache(out)  # only its cache is used
         counter.calls += 1
         cache.reorder_cache(torch.tensor(row_member).to(device, non_blocking=True))
-    past_mask = torch.tensor([[int(trunk_width - trunk_lens[m] <= j < trunk_width - trunk_lens[m] + s)
-                               for j in range(trunk_width)] for m, s in zip(row_member, shared)],
-                             dtype=torch.long).view(len(rows), trunk_width).to(device, non_blocking=True)
+    past_mask = (
+        torch.tensor(
+            [
+                [int(trunk_width - trunk_lens[m] <= j < trunk_width - trunk_lens[m] + s) for j in range(trunk_width)]
+                for m, s in zip(row_member, shared)
+            ],
+            dtype=torch.long,
+        )
+        .view(len(rows), trunk_width)
+        .to(device, non_blocking=True)
+    )
     heads = [ctx[s:-1] for ctx, s in zip(rows, shared)]
     if max(map(len, heads)) > 0:
         ids, head_mask, positions = _left_padded(heads, shared, device)
         past_mask = torch.cat([past_mask, head_mask], dim=1)
         kwargs = {key: cache} if cache is not None else {}
-        out = model(input_ids=ids, attention_mask=past_mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-                    **kwargs)
+        out = model(
+            input_ids=ids, attention_mask=past_mask, position_ids=positions, use_cache=True, logits_to_keep=1, **kwargs
+        )
         cache = returned_cache(out)
         counter.calls += 1
     sizes = [completions.shape[0] for _, completions in members]
@@ -115,8 +126,9 @@ def pass_context_logits(
     if cache is not None:
         cache.reorder_cache(expand)
         kwargs = {key: cache}
-    out = model(input_ids=inputs, attention_mask=attention, position_ids=positions, use_cache=cache is not None,
-                **kwargs)
+    out = model(
+        input_ids=inputs, attention_mask=attention, position_ids=positions, use_cache=cache is not None, **kwargs
+    )
     counter.calls += 1
     blocks, first_row = [], 0
     for m, member_slots in enumerate(slots):
@@ -125,8 +137,9 @@ def pass_context_logits(
     return PassLogits(out.logits, blocks, sizes, widths)
 
 
-def group_context_logits(model: Any, contexts: Sequence[Sequence[int]], completions: Tensor,
-                         counter: ForwardCounter | None = None):
+def group_context_logits(
+    model: Any, contexts: Sequence[Sequence[int]], completions: Tensor, counter: ForwardCounter | None = None
+):
     """:func:`pass_context_logits` for one group: yields ``(context_index, logits (G, T, V))``."""
     result = pass_context_logits(model, [(contexts, completions)], counter)
     for index in range(len(contexts)):
@@ -189,16 +202,22 @@ def batch_relevance(
     results, masks = [], []
     for group in groups:
         if len(group.placements) != len(group.contexts) - 1:
-            raise ValueError(f"need one placement per counterfactual: {len(group.contexts) - 1}, "
-                             f"got {len(group.placements)}")
-        if group.bases is not None and (len(group.bases) != len(group.placements)
-                                        or not all(0 <= b < len(group.contexts) for b in group.bases)):
+            raise ValueError(
+                f"need one placement per counterfactual: {len(group.contexts) - 1}, got {len(group.placements)}"
+            )
+        if group.bases is not None and (
+            len(group.bases) != len(group.placements) or not all(0 <= b < len(group.contexts) for b in group.bases)
+        ):
             raise ValueError(f"need one base context index per counterfactual, got {list(group.bases)}")
         g, t = group.completions.shape
         lengths = group.lengths.to(group.completions.device)
         masks.append(torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.view(-1, 1))
-        results.append(GroupRelevance(maps=torch.zeros(len(group.contexts) - 1, g, t, device=device),
-                                      entropy=torch.zeros(g, t, device=device) if with_entropy else None))
+        results.append(
+            GroupRelevance(
+                maps=torch.zeros(len(group.contexts) - 1, g, t, device=device),
+                entropy=torch.zeros(g, t, device=device) if with_entropy else None,
+            )
+        )
     for members in plan_passes([group.completions.shape[0] for group in groups], micro_batch, groups_per_pass):
         pieces = [(groups[index].contexts, groups[index].completions[rows]) for index, rows in members]
         if packed:
@@ -228,32 +247,47 @@ def batch_relevance(
                 pair_masks.append(mask)
                 targets.append((group_index, c - 1, rows, out.widths[m]))
         if with_rows:
-            with_rows, without_rows, ids, pair_masks = (torch.cat(x).to(device, non_blocking=True) for x in
-                                                        (with_rows, without_rows, ids, pair_masks))
-            values = paired_relevance(kind, out.logits, with_rows, without_rows, ids, pair_masks, chunk_size,
-                                      temperature, top_k)
+            with_rows, without_rows, ids, pair_masks = (
+                torch.cat(x).to(device, non_blocking=True) for x in (with_rows, without_rows, ids, pair_masks)
+            )
+            values = paired_relevance(
+                kind, out.logits, with_rows, without_rows, ids, pair_masks, chunk_size, temperature, top_k
+            )
             first = 0
             for group_index, c, rows, width in targets:
                 n = rows.stop - rows.start
-                results[group_index].maps[c, rows] = values[first:first + n, :width]
+                results[group_index].maps[c, rows] = values[first : first + n, :width]
                 first += n
         if with_entropy:
-            values = paired_entropy(out.logits, torch.cat(base_rows).to(device, non_blocking=True),
-                                    torch.cat(base_masks).to(device, non_blocking=True), chunk_size, temperature)
+            values = paired_entropy(
+                out.logits,
+                torch.cat(base_rows).to(device, non_blocking=True),
+                torch.cat(base_masks).to(device, non_blocking=True),
+                chunk_size,
+                temperature,
+            )
             first = 0
             for m, (group_index, rows) in enumerate(members):
-                results[group_index].entropy[rows] = values[first:first + out.sizes[m], :out.widths[m]]
+                results[group_index].entropy[rows] = values[first : first + out.sizes[m], : out.widths[m]]
                 first += out.sizes[m]
         if counter is not None:
             counter.kernel_s += time.perf_counter() - start
     if not on_device:
-        results = [GroupRelevance(maps=r.maps.cpu(), entropy=r.entropy.cpu() if r.entropy is not None else None)
-                   for r in results]
+        results = [
+            GroupRelevance(maps=r.maps.cpu(), entropy=r.entropy.cpu() if r.entropy is not None else None)
+            for r in results
+        ]
     return results
 
 
-def group_relevance(model: Any, contexts: Sequence[Sequence[int]], placements: Sequence[str], completions: Tensor,
-                    lengths: Tensor, **kwargs: Any) -> GroupRelevance:
+def group_relevance(
+    model: Any,
+    contexts: Sequence[Sequence[int]],
+    placements: Sequence[str],
+    completions: Tensor,
+    lengths: Tensor,
+    **kwargs: Any,
+) -> GroupRelevance:
     """:func:`batch_relevance` of one group (same keywords): ``maps`` ``(C − 1, G, T)``."""
     return batch_relevance(model, [ReplayGroup(contexts, placements, completions, lengths)], **kwargs)[0]
 
@@ -278,8 +312,16 @@ def run_replay_plan(
     call (the trainer agrees on the call count across ranks there); ``relevance``: :func:`batch_relevance`'s
     keywords (``with_entropy`` comes from the plan). Every caller that replays goes through here.
     """
-    replays = [ReplayGroup(contexts_of(group), group.placements, completions[group.rows, :group.width],
-                           lengths[group.rows], group.bases) for group in plan.replayed]
+    replays = [
+        ReplayGroup(
+            contexts_of(group),
+            group.placements,
+            completions[group.rows, : group.width],
+            lengths[group.rows],
+            group.bases,
+        )
+        for group in plan.replayed
+    ]
     if on_replays is not None:
         on_replays(replays)
     results = batch_relevance(model, replays, with_entropy=plan.entropy, **relevance)
@@ -328,19 +370,35 @@ def replay_completion(
     completion_ids = completion_ids.to(torch.long).cpu()
     t = completion_ids.numel()
     plan = plan_replays([[0]], [list(evidences)], [t], needs)
-    maps = run_replay_plan(model, plan, lambda group: example_contexts(group, example, names, render, ids_of,
-                                                                       header=header),
-                           completion_ids.unsqueeze(0), torch.tensor([t]), kind=kind, temperature=temperature,
-                           chunk_size=chunk_size, top_k=top_k)
+    maps = run_replay_plan(
+        model,
+        plan,
+        lambda group: example_contexts(group, example, names, render, ids_of, header=header),
+        completion_ids.unsqueeze(0),
+        torch.tensor([t]),
+        kind=kind,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        top_k=top_k,
+    )
     relevance = maps["relevance"]
-    return ReplayResult(relevance=(relevance[0] if relevance is not None else torch.zeros(len(evidences), t)).float(),
-                        has_evidence=maps["has_evidence"][0].tolist(),
-                        joint=None if maps["joint_relevance"] is None else maps["joint_relevance"][0],
-                        entropy=None if maps["entropy"] is None else maps["entropy"][0],
-                        decoy=None if maps["decoy_relevance"] is None else maps["decoy_relevance"][0])
+    return ReplayResult(
+        relevance=(relevance[0] if relevance is not None else torch.zeros(len(evidences), t)).float(),
+        has_evidence=maps["has_evidence"][0].tolist(),
+        joint=None if maps["joint_relevance"] is None else maps["joint_relevance"][0],
+        entropy=None if maps["entropy"] is None else maps["entropy"][0],
+        decoy=None if maps["decoy_relevance"] is None else maps["decoy_relevance"][0],
+    )
 
 
 __all__ = [
-    "GroupRelevance", "ReplayGroup", "ReplayResult", "batch_relevance", "group_context_logits", "group_relevance",
-    "pass_context_logits", "replay_completion", "run_replay_plan",
+    "GroupRelevance",
+    "ReplayGroup",
+    "ReplayResult",
+    "batch_relevance",
+    "group_context_logits",
+    "group_relevance",
+    "pass_context_logits",
+    "replay_completion",
+    "run_replay_plan",
 ]

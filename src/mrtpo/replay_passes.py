@@ -50,8 +50,9 @@ def group_forward_calls(contexts: Sequence[Sequence[int]]) -> int:
     return pass_forward_calls([contexts])
 
 
-def plan_passes(sizes: Sequence[int], micro_batch: int | None = None,
-                groups_per_pass: int | None = 1) -> list[list[tuple[int, slice]]]:
+def plan_passes(
+    sizes: Sequence[int], micro_batch: int | None = None, groups_per_pass: int | None = 1
+) -> list[list[tuple[int, slice]]]:
     """Pack groups of ``sizes[i]`` completions into replay passes: a list of passes, each a list of
     ``(group index, completion rows)``.
 
@@ -81,14 +82,25 @@ def plan_passes(sizes: Sequence[int], micro_batch: int | None = None,
     return passes
 
 
-def replay_forward_calls(group_contexts: Sequence[Sequence[Sequence[int]]], sizes: Sequence[int],
-                         micro_batch: int | None = None, groups_per_pass: int | None = 1, packed: bool = False) -> int:
+def replay_forward_calls(
+    group_contexts: Sequence[Sequence[Sequence[int]]],
+    sizes: Sequence[int],
+    micro_batch: int | None = None,
+    groups_per_pass: int | None = 1,
+    packed: bool = False,
+) -> int:
     """Forward calls :func:`mrtpo.replay.batch_relevance` makes for these groups (contexts, completion counts)."""
-    return sum(1 if packed else pass_forward_calls([group_contexts[group] for group, _ in members])
-               for members in plan_passes(sizes, micro_batch, groups_per_pass))
+    return sum(
+        1 if packed else pass_forward_calls([group_contexts[group] for group, _ in members])
+        for members in plan_passes(sizes, micro_batch, groups_per_pass)
+    )
 
 
 __all__ = [
-    "common_prefix_length", "group_forward_calls", "pass_forward_calls", "plan_passes", "replay_forward_calls",
+    "common_prefix_length",
+    "group_forward_calls",
+    "pass_forward_calls",
+    "plan_passes",
+    "replay_forward_calls",
     "shared_lengths",
 ]

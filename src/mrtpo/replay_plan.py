@@ -145,9 +145,14 @@ def group_rows(keys: Sequence[Hashable]) -> list[list[int]]:
     return list(groups.values())
 
 
-def plan_group(rows: list[int], evidences: Sequence[Evidence | None], active: Sequence[bool],
-               needs: str | Sequence[str], width: int = 1,
-               decoys: Sequence[Evidence | None] | None = None) -> GroupPlan:
+def plan_group(
+    rows: list[int],
+    evidences: Sequence[Evidence | None],
+    active: Sequence[bool],
+    needs: str | Sequence[str],
+    width: int = 1,
+    decoys: Sequence[Evidence | None] | None = None,
+) -> GroupPlan:
     """The contexts one group is replayed under.
 
     ``evidences`` ``K``: each reward's evidence for this prompt (``None``: none); ``active`` ``K``
@@ -164,8 +169,9 @@ def plan_group(rows: list[int], evidences: Sequence[Evidence | None], active: Se
     contexts_skipped, entropy = 0, False
     rules = [CONTEXT_RULES[kind] for kind in _ordered(needs)]
     if any(rule.counterfactuals == EACH for rule in rules):
-        counterfactuals += [Counterfactual(EACH, (i,), (evidences[i],), evidences[i].placement)
-                            for i in present if active[i]]
+        counterfactuals += [
+            Counterfactual(EACH, (i,), (evidences[i],), evidences[i].placement) for i in present if active[i]
+        ]
         inactive = [i for i in present if not active[i]]
         skipped.update(inactive)
         contexts_skipped += len(inactive)
@@ -179,8 +185,9 @@ def plan_group(rows: list[int], evidences: Sequence[Evidence | None], active: Se
     for rule in rules:
         if rule.counterfactuals == ALL and present:
             if any(active):
-                counterfactuals.append(Counterfactual(ALL, tuple(present), tuple(evidences[i] for i in present),
-                                                      "in_prompt"))
+                counterfactuals.append(
+                    Counterfactual(ALL, tuple(present), tuple(evidences[i] for i in present), "in_prompt")
+                )
             else:
                 skipped.update(range(k))
                 contexts_skipped += 1
@@ -214,9 +221,12 @@ class ReplayPlan:
         """The ``skip/*`` metrics: completions and counterfactual contexts replayed and skipped."""
         replayed = self.replayed
         rows = sum(len(g.rows) for g in replayed)
-        return {"completions_replayed": rows, "completions_skipped": self.size - rows,
-                "contexts_replayed": sum(len(g.counterfactuals) for g in replayed),
-                "contexts_skipped": sum(g.contexts_skipped for g in self.groups)}
+        return {
+            "completions_replayed": rows,
+            "completions_skipped": self.size - rows,
+            "contexts_replayed": sum(len(g.counterfactuals) for g in replayed),
+            "contexts_skipped": sum(g.contexts_skipped for g in self.groups),
+        }
 
     def skipped(self) -> Tensor:
         """``(B, K)`` bool: maps the method uses that were not computed (zero coefficient)."""
@@ -262,8 +272,13 @@ class ReplayPlan:
                     decoy[rows, cf.rewards[0], :n] = result.maps[c]
                 else:
                     joint[rows, :n] = result.maps[c]
-        return {"relevance": relevance, "joint_relevance": joint, "decoy_relevance": decoy, "entropy": entropy,
-                "has_evidence": has_evidence}
+        return {
+            "relevance": relevance,
+            "joint_relevance": joint,
+            "decoy_relevance": decoy,
+            "entropy": entropy,
+            "has_evidence": has_evidence,
+        }
 
 
 def choose_decoys(evidences: Sequence[Sequence[Evidence | None]]) -> list[list[Evidence | None]]:
@@ -276,17 +291,30 @@ def choose_decoys(evidences: Sequence[Sequence[Evidence | None]]) -> list[list[E
         row: list[Evidence | None] = []
         for i, evidence in enumerate(own):
             others = (evidences[(g + step) % len(evidences)][i] for step in range(1, len(evidences)))
-            row.append(None if evidence is None else next(
-                (o for o in others if o is not None and o.placement == evidence.placement and o.text != evidence.text),
-                None))
+            row.append(
+                None
+                if evidence is None
+                else next(
+                    (
+                        o
+                        for o in others
+                        if o is not None and o.placement == evidence.placement and o.text != evidence.text
+                    ),
+                    None,
+                )
+            )
         decoys.append(row)
     return decoys
 
 
-def plan_replays(groups: Sequence[list[int]], evidences: Sequence[Sequence[Evidence | None]],
-                 lengths: Sequence[int], needs: str | Sequence[str],
-                 nonzero: Sequence[Sequence[bool]] | None = None,
-                 decoys: Sequence[Sequence[Evidence | None]] | None = None) -> ReplayPlan:
+def plan_replays(
+    groups: Sequence[list[int]],
+    evidences: Sequence[Sequence[Evidence | None]],
+    lengths: Sequence[int],
+    needs: str | Sequence[str],
+    nonzero: Sequence[Sequence[bool]] | None = None,
+    decoys: Sequence[Sequence[Evidence | None]] | None = None,
+) -> ReplayPlan:
     """The plan of a batch: ``groups`` (:func:`group_rows`), ``evidences`` one ``K`` list per group,
     ``lengths`` ``(B,)`` completion lengths, ``nonzero`` ``(B, K)`` whether each completion's reward
     coefficient ``ω_k Â[j,k]`` is non-zero (``None``: all are, every map is computed). Kinds with
@@ -307,37 +335,84 @@ def plan_replays(groups: Sequence[list[int]], evidences: Sequence[Sequence[Evide
     return ReplayPlan(kinds, plans, size, k)
 
 
-def counterfactual_texts(group: GroupPlan, prompt: str | list[dict[str, Any]], names: Sequence[str],
-                         render: Callable[[list[dict[str, Any]]], str], *, header: str = DEFAULT_PRIVILEGED_HEADER,
-                         example_id: str = "?") -> list[str]:
+def counterfactual_texts(
+    group: GroupPlan,
+    prompt: str | list[dict[str, Any]],
+    names: Sequence[str],
+    render: Callable[[list[dict[str, Any]]], str],
+    *,
+    header: str = DEFAULT_PRIVILEGED_HEADER,
+    example_id: str = "?",
+) -> list[str]:
     """The prompt string of each of the group's counterfactuals (:func:`mrtpo.counterfactual.counterfactual_text`;
     a :data:`DECOY`'s: :func:`mrtpo.counterfactual.decoy_text`)."""
-    return [decoy_text(prompt, cf.evidences[0], cf.decoy, render, header, verifier=names[cf.rewards[0]],
-                       example_id=example_id) if cf.rule == DECOY else
-            counterfactual_text(prompt, list(cf.evidences), render, header, verifiers=[names[i] for i in cf.rewards],
-                                example_id=example_id)
-            for cf in group.counterfactuals]
+    return [
+        decoy_text(
+            prompt, cf.evidences[0], cf.decoy, render, header, verifier=names[cf.rewards[0]], example_id=example_id
+        )
+        if cf.rule == DECOY
+        else counterfactual_text(
+            prompt, list(cf.evidences), render, header, verifiers=[names[i] for i in cf.rewards], example_id=example_id
+        )
+        for cf in group.counterfactuals
+    ]
 
 
-def group_contexts(group: GroupPlan, original_ids: list[int], prompt: str | list[dict[str, Any]],
-                   names: Sequence[str], render: Callable[[list[dict[str, Any]]], str],
-                   ids_of: Callable[[str], list[int]], *, header: str = DEFAULT_PRIVILEGED_HEADER,
-                   example_id: str = "?") -> list[list[int]]:
+def group_contexts(
+    group: GroupPlan,
+    original_ids: list[int],
+    prompt: str | list[dict[str, Any]],
+    names: Sequence[str],
+    render: Callable[[list[dict[str, Any]]], str],
+    ids_of: Callable[[str], list[int]],
+    *,
+    header: str = DEFAULT_PRIVILEGED_HEADER,
+    example_id: str = "?",
+) -> list[list[int]]:
     """Token ids of the group's contexts: ``original_ids``, then each counterfactual's."""
     texts = counterfactual_texts(group, prompt, names, render, header=header, example_id=example_id)
     return [list(original_ids)] + [ids_of(text) for text in texts]
 
 
-def example_contexts(group: GroupPlan, example: Example, names: Sequence[str], render: PromptRenderer,
-                     ids_of: Callable[[str], list[int]], *, header: str = DEFAULT_PRIVILEGED_HEADER) -> list[list[int]]:
+def example_contexts(
+    group: GroupPlan,
+    example: Example,
+    names: Sequence[str],
+    render: PromptRenderer,
+    ids_of: Callable[[str], list[int]],
+    *,
+    header: str = DEFAULT_PRIVILEGED_HEADER,
+) -> list[list[int]]:
     """:func:`group_contexts` of a task example, rendered by the task's ``render`` (as for generation)."""
-    return group_contexts(group, ids_of(render(example)), example.messages, names,
-                          lambda messages: render(replace(example, messages=messages)), ids_of, header=header,
-                          example_id=example.id)
+    return group_contexts(
+        group,
+        ids_of(render(example)),
+        example.messages,
+        names,
+        lambda messages: render(replace(example, messages=messages)),
+        ids_of,
+        header=header,
+        example_id=example.id,
+    )
 
 
 __all__ = [
-    "ALL", "CONTEXT_RULES", "CREDIT_FIELDS", "DECOY", "EACH", "ContextRule", "Counterfactual", "GroupPlan",
-    "ReplayPlan", "choose_decoys", "context_rule", "counterfactual_texts", "example_contexts", "group_contexts",
-    "group_rows", "needs_evidence", "plan_group", "plan_replays",
+    "ALL",
+    "CONTEXT_RULES",
+    "CREDIT_FIELDS",
+    "DECOY",
+    "EACH",
+    "ContextRule",
+    "Counterfactual",
+    "GroupPlan",
+    "ReplayPlan",
+    "choose_decoys",
+    "context_rule",
+    "counterfactual_texts",
+    "example_contexts",
+    "group_contexts",
+    "group_rows",
+    "needs_evidence",
+    "plan_group",
+    "plan_replays",
 ]

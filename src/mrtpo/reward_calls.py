@@ -24,8 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 #: The keywords TRL passes to every reward function besides the dataset columns.
-TRL_KEYWORDS: tuple[str, ...] = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra",
-                                 "log_metric")
+TRL_KEYWORDS: tuple[str, ...] = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 #: Dataset columns TRL keeps out of the keywords (the prompt comes as ``prompts``).
 TRL_HELD_COLUMNS: tuple[str, ...] = ("prompt", "completion", "completion_ids")
 
@@ -63,21 +62,27 @@ def call_problem(fn: Any, name: str, columns: Sequence[str]) -> str | None:
     passed = reward_keywords(columns)
     positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
     if positional_only:
-        return (f"reward {name!r} takes {', '.join(positional_only)} positionally only; TRL passes every argument "
-                "by keyword (prompts=, completions=, a column's name=)")
+        return (
+            f"reward {name!r} takes {', '.join(positional_only)} positionally only; TRL passes every argument "
+            "by keyword (prompts=, completions=, a column's name=)"
+        )
     required = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty]
     missing = [a for a in required if a not in passed]
     if missing:
         s = "s" if len(missing) > 1 else ""
-        return (f"reward {name!r} needs the argument{s} {', '.join(map(repr, missing))}, which TRL takes from the "
-                f"dataset column{s} of that name; the dataset's columns are {', '.join(columns)} (TRL also passes "
-                f"{', '.join(TRL_KEYWORDS)})")
+        return (
+            f"reward {name!r} needs the argument{s} {', '.join(map(repr, missing))}, which TRL takes from the "
+            f"dataset column{s} of that name; the dataset's columns are {', '.join(columns)} (TRL also passes "
+            f"{', '.join(TRL_KEYWORDS)})"
+        )
     if not any(p.kind is p.VAR_KEYWORD for p in params):
         accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         extra = [k for k in passed if k not in accepted]
         if extra:
-            return (f"reward {name!r} does not take **kwargs, but TRL also passes {', '.join(extra)}; add **kwargs "
-                    "to its parameters")
+            return (
+                f"reward {name!r} does not take **kwargs, but TRL also passes {', '.join(extra)}; add **kwargs "
+                "to its parameters"
+            )
     return None
 
 
@@ -112,9 +117,17 @@ def _ignore(*_args: Any, **_kwargs: Any) -> None:
     """``log_extra`` / ``log_metric`` outside a trainer: there is no completions table or metric log."""
 
 
-def call_reward(fn: Any, prompts: list[Any], texts: list[str], columns: Mapping[str, list[Any]], *,
-                completion_ids: list[list[int]] | None = None, trainer_state: Any = None,
-                log_extra: Callable[..., None] = _ignore, log_metric: Callable[..., None] = _ignore) -> list[Any]:
+def call_reward(
+    fn: Any,
+    prompts: list[Any],
+    texts: list[str],
+    columns: Mapping[str, list[Any]],
+    *,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: Any = None,
+    log_extra: Callable[..., None] = _ignore,
+    log_metric: Callable[..., None] = _ignore,
+) -> list[Any]:
     """``fn``'s values for completions ``texts`` of ``prompts``, called as TRL calls it (one batched call).
 
     ``columns``: the rows' other dataset columns, one list each (the prompt column left out).
@@ -124,8 +137,15 @@ def call_reward(fn: Any, prompts: list[Any], texts: list[str], columns: Mapping[
     completions = [as_completion(t, p) for t, p in zip(texts, prompts, strict=True)]
     kwargs = {key: list(values) for key, values in columns.items() if key not in TRL_HELD_COLUMNS}
     ids = completion_ids if completion_ids is not None else [[] for _ in texts]
-    out = fn(prompts=list(prompts), completions=completions, completion_ids=ids, trainer_state=trainer_state,
-             log_extra=log_extra, log_metric=log_metric, **kwargs)
+    out = fn(
+        prompts=list(prompts),
+        completions=completions,
+        completion_ids=ids,
+        trainer_state=trainer_state,
+        log_extra=log_extra,
+        log_metric=log_metric,
+        **kwargs,
+    )
     if inspect.isawaitable(out):
         import asyncio
 
@@ -133,5 +153,13 @@ def call_reward(fn: Any, prompts: list[Any], texts: list[str], columns: Mapping[
     return out
 
 
-__all__ = ["TRL_HELD_COLUMNS", "TRL_KEYWORDS", "as_completion", "call_problem", "call_reward", "check_reward_calls",
-           "is_conversational", "reward_keywords"]
+__all__ = [
+    "TRL_HELD_COLUMNS",
+    "TRL_KEYWORDS",
+    "as_completion",
+    "call_problem",
+    "call_reward",
+    "check_reward_calls",
+    "is_conversational",
+    "reward_keywords",
+]

@@ -43,9 +43,7 @@ class EvidenceSpec:
             text = self.source(row)
         else:
             if self.source not in row:
-                raise KeyError(
-                    f"evidence column {self.source!r} is not in the dataset row (columns: {sorted(row)})"
-                )
+                raise KeyError(f"evidence column {self.source!r} is not in the dataset row (columns: {sorted(row)})")
             text = row[self.source]
         if text is None or (isinstance(text, str) and not text.strip()):
             return None
@@ -81,8 +79,12 @@ class VerifierReward:
     verifier reads, which the ``oracle`` credit method weights (:mod:`mrtpo.known_positions`).
     """
 
-    def __init__(self, verifier: Verifier, examples: Mapping[str, Example],
-                 spans_of: Callable[[Example, str], list] | None = None):
+    def __init__(
+        self,
+        verifier: Verifier,
+        examples: Mapping[str, Example],
+        spans_of: Callable[[Example, str], list] | None = None,
+    ):
         self.verifier = verifier
         self.examples = examples
         self.spans_of = spans_of
@@ -130,8 +132,10 @@ def check_reward_values(name: str, values: Any, example_ids: Sequence[Any] | Non
     and the value. ±inf and magnitudes beyond :data:`MAX_REWARD` are refused: they would turn every
     advantage of its group into NaN."""
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
-        raise RewardValueError(f"reward function {name!r} returned a {type(values).__name__} ({values!r:.60}), "
-                               "not a list with one reward per completion")
+        raise RewardValueError(
+            f"reward function {name!r} returned a {type(values).__name__} ({values!r:.60}), "
+            "not a list with one reward per completion"
+        )
     for row, value in enumerate(values):
         if value is None:
             continue
@@ -139,10 +143,17 @@ def check_reward_values(name: str, values: Any, example_ids: Sequence[Any] | Non
         if number is not None and (abs(number) <= MAX_REWARD or math.isnan(number)):
             continue
         at = f"row {row}" + (f" (example_id {example_ids[row]!r})" if example_ids and row < len(example_ids) else "")
-        kind = f"a {type(value).__name__}" if number is None else "infinite" if math.isinf(number) else \
-            f"beyond ±{MAX_REWARD:g}, where the group's float32 std overflows"
-        raise RewardValueError(f"reward function {name!r} returned {value!r:.60} ({kind}) for {at}; a reward must "
-                               "be a finite number, or None (not applicable)")
+        kind = (
+            f"a {type(value).__name__}"
+            if number is None
+            else "infinite"
+            if math.isinf(number)
+            else f"beyond ±{MAX_REWARD:g}, where the group's float32 std overflows"
+        )
+        raise RewardValueError(
+            f"reward function {name!r} returned {value!r:.60} ({kind}) for {at}; a reward must "
+            "be a finite number, or None (not applicable)"
+        )
     return values
 
 
@@ -165,8 +176,10 @@ PROGRESS_EVERY_S = 30.0
 
 
 def _late(name: str, timeout: float) -> RewardTimeoutError:
-    return RewardTimeoutError(f"reward function {name!r} did not return within reward_timeout ({float(timeout)} s); "
-                              "make it faster, or raise reward_timeout (null: no deadline)")
+    return RewardTimeoutError(
+        f"reward function {name!r} did not return within reward_timeout ({float(timeout)} s); "
+        "make it faster, or raise reward_timeout (null: no deadline)"
+    )
 
 
 def _with_deadline(func: Callable[..., Any], name: str, timeout: float, kwargs: dict[str, Any]) -> Any:
@@ -199,8 +212,12 @@ def _with_deadline(func: Callable[..., Any], name: str, timeout: float, kwargs: 
             break
         if time.monotonic() - start >= timeout:
             raise _late(name, timeout)
-        print(f"scoring: reward function {name!r} still running after {time.monotonic() - start:.1f} s "
-              f"(reward_timeout {timeout} s)", file=sys.stderr, flush=True)
+        print(
+            f"scoring: reward function {name!r} still running after {time.monotonic() - start:.1f} s "
+            f"(reward_timeout {timeout} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     if "error" in result:
         raise result["error"]
     return result["value"]
@@ -215,6 +232,7 @@ def _checked(func: Any, name: str, timeout: float | None = None) -> Any:
     if isinstance(func, torch.nn.Module):
         return func
     if is_async_callable(func):
+
         async def check_async(**kwargs):
             import asyncio
 

@@ -50,8 +50,9 @@ def _progress_callback(reward_names: list[str]):
             if "reward" not in logs and "loss" not in logs:
                 self.training_bar.write(str({k: v for k, v in logs.items() if isinstance(v, (int, float, str))}))
                 return
-            self.training_bar.set_postfix(reward=f"{logs.get('reward', float('nan')):.3f}",
-                                          loss=f"{logs.get('loss', float('nan')):.3g}")
+            self.training_bar.set_postfix(
+                reward=f"{logs.get('reward', float('nan')):.3f}", loss=f"{logs.get('loss', float('nan')):.3g}"
+            )
             self.training_bar.write(format_step(state.global_step, state.max_steps, logs, reward_names))
 
     return RewardProgress()
@@ -59,6 +60,7 @@ def _progress_callback(reward_names: list[str]):
 
 def format_step(step: int, max_steps: int, logs: dict[str, Any], reward_names: list[str]) -> str:
     """One line per logged step: total reward, each reward's mean, length, loss, time split."""
+
     def num(key, fmt):
         v = logs.get(key)
         return fmt.format(v) if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
@@ -69,8 +71,11 @@ def format_step(step: int, max_steps: int, logs: dict[str, Any], reward_names: l
         parts.append(per)
     parts.append(f"len {num('completions/mean_length', '{:.0f}')}")
     parts.append(f"loss {num('loss', '{:+.3g}')}")
-    times = [f"{k} {logs[f'time/{k}']:.1f}s" for k in ("generation", "scoring", "replay", "update")
-             if isinstance(logs.get(f"time/{k}"), (int, float))]
+    times = [
+        f"{k} {logs[f'time/{k}']:.1f}s"
+        for k in ("generation", "scoring", "replay", "update")
+        if isinstance(logs.get(f"time/{k}"), (int, float))
+    ]
     if times:
         parts.append(" ".join(times))
     return " | ".join(parts)
@@ -100,12 +105,15 @@ def load_task_data(config: RunConfig) -> TaskData:
     for key in ("reward_weights", "reward_lam"):  # TRL checks reward_weights only once the model has loaded
         given = getattr(args, key)
         if given is not None and len(given) != len(names):
-            raise ConfigError(f"{key} has {len(given)} entries for the {len(names)} rewards of task {run.task!r} "
-                              f"({', '.join(names)}): give one per reward, in that order")
+            raise ConfigError(
+                f"{key} has {len(given)} entries for the {len(names)} rewards of task {run.task!r} "
+                f"({', '.join(names)}): give one per reward, in that order"
+            )
     if run.model == "gym":
         if not implements(task, "policy"):
-            raise ConfigError(f"model: gym is the credit gym's tiny policy; task {run.task!r} has none "
-                              "(use a gym-* task)")
+            raise ConfigError(
+                f"model: gym is the credit gym's tiny policy; task {run.task!r} has none (use a gym-* task)"
+            )
         from mrtpo.gym.policy import policy_spec
 
         try:
@@ -117,8 +125,10 @@ def load_task_data(config: RunConfig) -> TaskData:
         raise ConfigError(f"task {run.task!r} has no train examples (task_args {run.task_args!r}); nothing to train on")
     prompts_per_step = args.generation_batch_size // args.num_generations
     if len(train) < prompts_per_step:
-        raise ConfigError(f"task {run.task!r} gives {len(train)} train examples, fewer than the {prompts_per_step} "
-                          "prompts one generation batch needs (generation_batch_size / num_generations)")
+        raise ConfigError(
+            f"task {run.task!r} gives {len(train)} train examples, fewer than the {prompts_per_step} "
+            "prompts one generation batch needs (generation_batch_size / num_generations)"
+        )
     evals = task.load("eval", run.eval_size) if run.eval_size else []
     try:  # a task file's own evidence (a built-in task's may sit in the rendered tools: the trainer checks those)
         check_evidence_in_prompts([*train, *evals], task.verifiers()) if is_task_file(run.task) else None
@@ -184,25 +194,36 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
         from peft import LoraConfig
 
         peft_config = LoraConfig(
-            r=run.lora_r, lora_alpha=run.lora_alpha if run.lora_alpha is not None else 2 * run.lora_r,
-            lora_dropout=run.lora_dropout, target_modules=run.lora_target_modules, task_type="CAUSAL_LM",
+            r=run.lora_r,
+            lora_alpha=run.lora_alpha if run.lora_alpha is not None else 2 * run.lora_r,
+            lora_dropout=run.lora_dropout,
+            target_modules=run.lora_target_modules,
+            task_type="CAUSAL_LM",
         )
     set_seed(args.seed)
     train_ds = rows(train)
     trainer = MRTPOTrainer(
-        model=model, processing_class=tokenizer, reward_funcs=rewards, args=args,
-        train_dataset=train_ds, eval_dataset=rows(evals) if evals else None, peft_config=peft_config,
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=rewards,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=rows(evals) if evals else None,
+        peft_config=peft_config,
     )
     card_name, adapter_name = base_model_names(run.model, run.task)
-    trainer.name_base_model(card_name, None if warm_folder else adapter_name,  # a warm start's adapter: on its folder
-                            base_weights_note(run.model))
+    trainer.name_base_model(
+        card_name,
+        None if warm_folder else adapter_name,  # a warm start's adapter: on its folder
+        base_weights_note(run.model),
+    )
     ours = prompt_renderer(task, tokenizer)(train[0])
     theirs = trainer._render(train_ds[0]["prompt"])
     if ours != theirs:
         at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
         raise PromptMismatchError(
             f"TRL renders the prompt of {train[0].id!r} differently from task {run.task!r} (first difference at "
-            f"character {at}: task {ours[at:at + 60]!r} vs TRL {theirs[at:at + 60]!r}). The trainer uses the "
+            f"character {at}: task {ours[at : at + 60]!r} vs TRL {theirs[at : at + 60]!r}). The trainer uses the "
             "tokenizer's plain chat template without tools=; the task must render its prompts the same way."
         )
     if any(isinstance(cb, ProgressCallback) for cb in trainer.callback_handler.callbacks):

@@ -34,15 +34,31 @@ from mrtpo.saved_config import write_config
 from mrtpo.task_pin import read_pin, write_pin
 
 #: Files a run writes into its folder (besides ``checkpoint-N/``).
-RUN_FILES = ("config.yaml", "metrics.jsonl", "credit_samples.jsonl", "report.html", "report.md", "curves.png",
-             "README.md", "model", "export", "task_pin.json")
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "credit_samples.jsonl",
+    "report.html",
+    "report.md",
+    "curves.png",
+    "README.md",
+    "model",
+    "export",
+    "task_pin.json",
+)
 #: The copy of the run's settings inside each checkpoint.
 STAMP_NAME = "mrtpo_config.yaml"
 #: Settings a resume may change without making the checkpoint another run's.
 RESUMABLE_CHANGES = frozenset({"output_dir", "resume_from_checkpoint", "max_steps"})
 #: Model weights of a checkpoint: full (one file or shards), LoRA adapter, or old-style .bin.
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
-                "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "adapter_model.safetensors",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.bin",
+)
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -69,8 +85,10 @@ def check_fresh_folder(folder: Path, overwrite: bool) -> None:
     used = run_files(folder)
     if used and not overwrite:
         names = ", ".join(p.name for p in used[:4]) + (", ..." if len(used) > 4 else "")
-        raise ConfigError(f"{folder} already holds a run ({names}): continue it with --resume {folder}, "
-                          "start over in it with --overwrite (removes that run's files), or give another --output-dir")
+        raise ConfigError(
+            f"{folder} already holds a run ({names}): continue it with --resume {folder}, "
+            "start over in it with --overwrite (removes that run's files), or give another --output-dir"
+        )
 
 
 #: The mark a command leaves in an output folder it wrote whole (``mrtpo export``): the only non-empty
@@ -111,16 +129,20 @@ def check_output_folder(dest: Path, overwrite: bool, slot: Path | None = None) -
         return
     runs = [p for p in entries if p.is_dir() and (_is_run(p) or _CHECKPOINT.match(p.name))]
     if runs:
-        raise ConfigError(f"{dest} holds a run ({', '.join(p.name for p in runs[:3])}); replacing it would delete "
-                          "that run: give a new or empty folder")
+        raise ConfigError(
+            f"{dest} holds a run ({', '.join(p.name for p in runs[:3])}); replacing it would delete "
+            "that run: give a new or empty folder"
+        )
     written = _marked_files(dest)
     if written is None and dest == slot:  # an export by an older mrtpo, without the mark: its files, no folders
         written = {p.name for p in entries if p.is_file() and p.name not in RUN_FILES[:3]}
     foreign = [p.name for p in entries if p.name not in (written or set()) | {OUTPUT_MARK}]
     if foreign:
         names = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
-        raise ConfigError(f"{dest} holds files mrtpo export did not write ({names}); it replaces only a folder it "
-                          "wrote: give a new or empty folder")
+        raise ConfigError(
+            f"{dest} holds files mrtpo export did not write ({names}); it replaces only a folder it "
+            "wrote: give a new or empty folder"
+        )
     if not overwrite:
         raise ConfigError(f"{dest} holds an earlier export: --overwrite replaces it, or give another folder")
 
@@ -176,8 +198,9 @@ def lock_run_folder(folder: Path) -> RunLock:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise ConfigError(f"{folder} is in use by another mrtpo run (pid {holder}): wait for it to end, or give "
-                          "another --output-dir") from None
+        raise ConfigError(
+            f"{folder} is in use by another mrtpo run (pid {holder}): wait for it to end, or give another --output-dir"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return RunLock(fd)
@@ -290,8 +313,10 @@ def find_checkpoint(where: str | os.PathLike) -> tuple[Path, list[str]]:
     explicit = _CHECKPOINT.match(path.name) is not None or (path / "trainer_state.json").exists()
     candidates = [path] if explicit else checkpoints(path)
     if not candidates:
-        raise ConfigError(f"cannot resume: {path} holds no checkpoint-N folder (checkpoints are written every "
-                          "save_steps steps and at the end)")
+        raise ConfigError(
+            f"cannot resume: {path} holds no checkpoint-N folder (checkpoints are written every "
+            "save_steps steps and at the end)"
+        )
     notes = []
     for checkpoint in candidates:
         problem = checkpoint_problem(checkpoint)
@@ -337,8 +362,9 @@ class ScheduleOnResume(TrainerCallback):
 
         if state.global_step == 0 or not isinstance(lr_scheduler, LambdaLR) or optimizer is None:
             return  # a fresh run; or a scheduler without a closed-form rate per step (transformers' are LambdaLR)
-        rates = [base * rule(lr_scheduler.last_epoch) for base, rule in zip(lr_scheduler.base_lrs,
-                                                                             lr_scheduler.lr_lambdas)]
+        rates = [
+            base * rule(lr_scheduler.last_epoch) for base, rule in zip(lr_scheduler.base_lrs, lr_scheduler.lr_lambdas)
+        ]
         for group, rate in zip(optimizer.param_groups, rates):
             group["lr"] = rate
         lr_scheduler._last_lr = rates
@@ -357,8 +383,7 @@ def config_differences(saved: dict[str, Any], folder: dict[str, Any], given: set
     return [f"{k}: {saved.get(k)!r} vs {folder.get(k)!r}" for k in keys if saved.get(k) != folder.get(k)]
 
 
-def open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool,
-                     changed: list[str]) -> None:
+def open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overwrite: bool, changed: list[str]) -> None:
     """Once everything has loaded: clear the earlier run (``--overwrite``), write ``config.yaml`` and the task's
     pin (:mod:`mrtpo.task_pin`; on resume only when ``changed`` was allowed or the run had none), and on
     resume drop what the interrupted run logged after its checkpoint, torn last lines included."""
@@ -376,20 +401,45 @@ def open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overw
         write_pin(out, config.run.task, changed, step)
     print(f"resuming from {checkpoint} (step {step})", flush=True)
     # A sample is tagged with the global step *before* its update: step s belongs to checkpoint s + 1.
-    logs = {"metrics.jsonl": lambda r: r.get("step", 0) <= step,
-            "credit_samples.jsonl": lambda r: r.get("step", 0) < step}
+    logs = {
+        "metrics.jsonl": lambda r: r.get("step", 0) <= step,
+        "credit_samples.jsonl": lambda r: r.get("step", 0) < step,
+    }
     for name, keep in logs.items():
         try:
             torn = trim_jsonl(out / name, keep)
         except ValueError as exc:
             raise ConfigError(f"{exc}; fix or remove that line to resume") from None
         if torn:
-            print(f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)",
-                  flush=True)
+            print(
+                f"note: dropped the torn last line of {name} (a write the interrupted run did not finish)", flush=True
+            )
     write_config(config, out / CONFIG_NAME)
 
 
-__all__ = ["LOCK_NAME", "OUTPUT_MARK", "RESUMABLE_CHANGES", "RUN_FILES", "STAMP_NAME", "ConfigStamp", "Problem",
-           "RunLock", "ScheduleOnResume", "check_fresh_folder", "check_output_folder", "check_writable",
-           "checkpoint_problem", "checkpoint_step", "checkpoints", "clear_run", "config_differences", "file_problem",
-           "find_checkpoint", "lock_run_folder", "mark_output", "open_run_folder", "run_files", "saved_config"]
+__all__ = [
+    "LOCK_NAME",
+    "OUTPUT_MARK",
+    "RESUMABLE_CHANGES",
+    "RUN_FILES",
+    "STAMP_NAME",
+    "ConfigStamp",
+    "Problem",
+    "RunLock",
+    "ScheduleOnResume",
+    "check_fresh_folder",
+    "check_output_folder",
+    "check_writable",
+    "checkpoint_problem",
+    "checkpoint_step",
+    "checkpoints",
+    "clear_run",
+    "config_differences",
+    "file_problem",
+    "find_checkpoint",
+    "lock_run_folder",
+    "mark_output",
+    "open_run_folder",
+    "run_files",
+    "saved_config",
+]

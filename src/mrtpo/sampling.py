@@ -11,8 +11,9 @@ from mrtpo.shared_prompt import generate_with_shared_prefill
 
 
 @torch.no_grad()
-def sample_group(model: Any, tokenizer: Any, prompt_ids: list[int], group_size: int, max_new_tokens: int,
-                 temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def sample_group(
+    model: Any, tokenizer: Any, prompt_ids: list[int], group_size: int, max_new_tokens: int, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """``group_size`` sampled completions of ``prompt_ids`` (pure temperature sampling, no top-k/p).
 
     Returns ``(completions, lengths)``: ``(G, T)`` ids, right-padded with the pad token, and ``(G,)``
@@ -22,10 +23,19 @@ def sample_group(model: Any, tokenizer: Any, prompt_ids: list[int], group_size: 
     device = next(model.parameters()).device
     ids = torch.tensor([prompt_ids] * group_size, device=device)
     # the group's prompt is prefilled once, not once per sample
-    out = generate_with_shared_prefill(model, model.generate, ids, torch.ones_like(ids), do_sample=True,
-                                       temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
-                                       pad_token_id=tokenizer.pad_token_id)
-    completions = out[:, len(prompt_ids):].cpu()
+    out = generate_with_shared_prefill(
+        model,
+        model.generate,
+        ids,
+        torch.ones_like(ids),
+        do_sample=True,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    completions = out[:, len(prompt_ids) :].cpu()
     stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
     lengths = [next((i + 1 for i, t in enumerate(row) if t in stop), len(row)) for row in completions.tolist()]
     t = max(lengths)

@@ -39,14 +39,20 @@ def config_text(config: RunConfig) -> str:
     run_names = [f.name for f in dataclasses.fields(RunSettings)]
     run_part = {k: flat[k] for k in run_names if k not in machine}
     trainer_part = {k: v for k, v in flat.items() if k not in run_names and k not in machine}
-    text = (HEADER + "# Run-level settings:\n" + yaml.safe_dump(run_part, sort_keys=False)
-            + "# MRTPOConfig (TRL GRPOConfig + credit assignment) fields:\n"
-            + yaml.safe_dump(trainer_part, sort_keys=False))
+    text = (
+        HEADER
+        + "# Run-level settings:\n"
+        + yaml.safe_dump(run_part, sort_keys=False)
+        + "# MRTPOConfig (TRL GRPOConfig + credit assignment) fields:\n"
+        + yaml.safe_dump(trainer_part, sort_keys=False)
+    )
     if machine:
         lines = yaml.safe_dump(machine, sort_keys=False).splitlines()
-        text += ("# Decided by the machine this run started on, not set by the user: a re-run decides them\n"
-                 "# again for its own machine (GPU or CPU). Uncomment one to fix it.\n"
-                 + "".join(f"# {line}\n" for line in lines))
+        text += (
+            "# Decided by the machine this run started on, not set by the user: a re-run decides them\n"
+            "# again for its own machine (GPU or CPU). Uncomment one to fix it.\n"
+            + "".join(f"# {line}\n" for line in lines)
+        )
     return text
 
 

@@ -71,11 +71,13 @@ def shared_prompt_logps(
     cache = returned_cache(head)
     cache.batch_select_indices(inverse)
     tail_ids = torch.cat([prompt_ids[:, -1:], completion_ids], dim=1)
-    labels = torch.cat([torch.full_like(prompt_ids[:, -1:], -100),
-                        completion_ids.masked_fill(completion_mask == 0, -100)], dim=1)
+    labels = torch.cat(
+        [torch.full_like(prompt_ids[:, -1:], -100), completion_ids.masked_fill(completion_mask == 0, -100)], dim=1
+    )
     attention = torch.cat([prompt_mask, completion_mask], dim=1)
-    out = model(input_ids=tail_ids, attention_mask=attention, labels=labels, fused_lm_head=True,
-                **{cache_keyword(model): cache})
+    out = model(
+        input_ids=tail_ids, attention_mask=attention, labels=labels, fused_lm_head=True, **{cache_keyword(model): cache}
+    )
     entropy = out.entropy if compute_entropy else None
     return out.log_probs, entropy
 
@@ -90,21 +92,31 @@ def prefill_shared_prompts(model: Any, input_ids: Tensor, attention_mask: Tensor
     """
     ids, mask, inverse = distinct_rows(input_ids, attention_mask)
     positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True,
-                logits_to_keep=1)
+    out = model(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=positions[:, :-1],
+        use_cache=True,
+        logits_to_keep=1,
+    )
     cache = returned_cache(out)
     cache.batch_select_indices(inverse)
     return cache
 
 
-def generate_with_shared_prefill(model: Any, generate: Any, input_ids: Tensor, attention_mask: Tensor | None = None,
-                                 **kwargs: Any) -> Tensor:
+def generate_with_shared_prefill(
+    model: Any, generate: Any, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any
+) -> Tensor:
     """``generate(input_ids, attention_mask, **kwargs)`` with each distinct prompt prefilled once
     (:func:`prefill_shared_prompts`): a group of ``G`` samples of one prompt pays its prompt once,
     not ``G`` times. Falls back to plain ``generate`` for prompts shorter than 2 tokens, a cache
     passed in, or extra per-row inputs (images)."""
-    plain = (attention_mask is None or input_ids.size(1) < 2 or any(k in kwargs for k in ("cache", "past_key_values"))
-             or any(torch.is_tensor(v) for v in kwargs.values()))
+    plain = (
+        attention_mask is None
+        or input_ids.size(1) < 2
+        or any(k in kwargs for k in ("cache", "past_key_values"))
+        or any(torch.is_tensor(v) for v in kwargs.values())
+    )
     if plain:
         return generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     with torch.no_grad():

@@ -54,8 +54,13 @@ def _reward_sources(spec: Any) -> list[Path]:
 def _data_files(spec: Any) -> list[Path]:
     """The local files the dataset reads (a hub id has none)."""
     ref = spec.dataset
-    refs = [v for vs in ref.values() for v in ([vs] if isinstance(vs, str) else vs)] if isinstance(ref, dict) \
-        else [ref] if isinstance(ref, str) else list(ref)
+    refs = (
+        [v for vs in ref.values() for v in ([vs] if isinstance(vs, str) else vs)]
+        if isinstance(ref, dict)
+        else [ref]
+        if isinstance(ref, str)
+        else list(ref)
+    )
     out = []
     for value in refs:
         path = (spec.folder / str(value)).resolve()
@@ -112,9 +117,11 @@ def check_task_pin(run: Path, task: Any, allow: bool) -> list[str]:
         return []
     changed = found[0]
     if not allow:
-        raise ConfigError(f"the task changed since this run started: {', '.join(changed)} (hashed in "
-                          f"{Path(run) / PIN_NAME}); restore them, or resume under the changed task with "
-                          "--allow-task-change (recorded in the run)")
+        raise ConfigError(
+            f"the task changed since this run started: {', '.join(changed)} (hashed in "
+            f"{Path(run) / PIN_NAME}); restore them, or resume under the changed task with "
+            "--allow-task-change (recorded in the run)"
+        )
     return changed
 
 

@@ -122,8 +122,6 @@ def tiny_policy(
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
     model.to(dtype)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-    )
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model.eval()
     return model, tok

@@ -75,8 +75,16 @@ from mrtpo.task_pin import check_task_pin  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PromptMismatchError", "TaskData", "build_trainer", "find_checkpoint", "load_model", "load_task_data",
-           "main", "resolve_from_argv"]
+__all__ = [
+    "PromptMismatchError",
+    "TaskData",
+    "build_trainer",
+    "find_checkpoint",
+    "load_model",
+    "load_task_data",
+    "main",
+    "resolve_from_argv",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,38 +96,60 @@ def _parser() -> argparse.ArgumentParser:
         prog="mrtpo train",
         description="Train a policy with MRTPO or a baseline method on a task (see docs/training.md).",
         epilog="Any config key can be given as --key value (TRL / HfArgumentParser style: --num_generations 4, "
-               "--use_peft, --lora_target_modules q_proj v_proj) or as key=value after the flags "
-               "(`temperature=0.9 lam=0.5`); TRL's names model_name_or_path, torch_dtype and use_peft are aliases, and "
-               "TRL's --dataset_name with --reward_funcs make a task. "
-               "Precedence: defaults < saved config (resume) < --config files < named flags < --key value < key=value.",
+        "--use_peft, --lora_target_modules q_proj v_proj) or as key=value after the flags "
+        "(`temperature=0.9 lam=0.5`); TRL's names model_name_or_path, torch_dtype and use_peft are aliases, and "
+        "TRL's --dataset_name with --reward_funcs make a task. "
+        "Precedence: defaults < saved config (resume) < --config files < named flags < --key value < key=value.",
         formatter_class=HelpFormatter,
     )
     # Defaults stay None here so a flag left out does not override a --config file; the help names
     # the value the run then gets.
-    p.add_argument("--task", help=f"task to train on: {', '.join(TASK_NAMES)}, one a plugin registers (MRTPO_PLUGINS), "
-                                  f"or a task file path/to/task.yaml (default: {run.task})")
-    p.add_argument("--method", help=f"credit method: {', '.join(available_methods())} "
-                                    f"(default: {TRAIN_DEFAULTS['method']})")
+    p.add_argument(
+        "--task",
+        help=f"task to train on: {', '.join(TASK_NAMES)}, one a plugin registers (MRTPO_PLUGINS), "
+        f"or a task file path/to/task.yaml (default: {run.task})",
+    )
+    p.add_argument(
+        "--method", help=f"credit method: {', '.join(available_methods())} (default: {TRAIN_DEFAULTS['method']})"
+    )
     p.add_argument("--config", action="append", default=[], metavar="YAML", help="config file (repeatable; later wins)")
     p.add_argument("--model", help=f"preset, model folder, .gguf file or hub id (default: {run.model})")
     p.add_argument("--output-dir", metavar="DIR", help="run folder (default: runs/<task>-<method>-<time>)")
     p.add_argument("--max-steps", type=int, help=f"optimizer steps (default: {TRAIN_DEFAULTS['max_steps']})")
-    p.add_argument("--seed", type=int, help=f"seed of data order, sampling and initialisation "
-                                            f"(default: {TRAIN_DEFAULTS['seed']})")
-    p.add_argument("--learning-rate", type=float, help=f"learning rate (default: {TRAIN_DEFAULTS['learning_rate']}; "
-                                                       f"{run.lora_learning_rate} with LoRA)")
+    p.add_argument(
+        "--seed", type=int, help=f"seed of data order, sampling and initialisation (default: {TRAIN_DEFAULTS['seed']})"
+    )
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        help=f"learning rate (default: {TRAIN_DEFAULTS['learning_rate']}; {run.lora_learning_rate} with LoRA)",
+    )
     p.add_argument("--lora-r", type=int, help=f"LoRA rank, 0: full fine-tuning (default: {run.lora_r})")
-    p.add_argument("--report-to", help=f"none, tensorboard, wandb, trackio (comma-separated for several) "
-                                       f"(default: {TRAIN_DEFAULTS['report_to']})")
-    p.add_argument("--resume", nargs="?", const="", metavar="CHECKPOINT",
-                   help="continue a run: a checkpoint folder, a run folder (its latest checkpoint), or nothing "
-                        "(the latest checkpoint in --output-dir)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start over in an --output-dir that holds a run: remove that run's files (config.yaml, logs, "
-                        "reports, checkpoint-N/) once the new run's settings and model have loaded")
-    p.add_argument("--allow-task-change", action="store_true",
-                   help="--resume although the task file, its reward sources or data changed since the run started "
-                        "(recorded in the run's task_pin.json)")
+    p.add_argument(
+        "--report-to",
+        help=f"none, tensorboard, wandb, trackio (comma-separated for several) "
+        f"(default: {TRAIN_DEFAULTS['report_to']})",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        metavar="CHECKPOINT",
+        help="continue a run: a checkpoint folder, a run folder (its latest checkpoint), or nothing "
+        "(the latest checkpoint in --output-dir)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in an --output-dir that holds a run: remove that run's files (config.yaml, logs, "
+        "reports, checkpoint-N/) once the new run's settings and model have loaded",
+    )
+    p.add_argument(
+        "--allow-task-change",
+        action="store_true",
+        help="--resume although the task file, its reward sources or data changed since the run started "
+        "(recorded in the run's task_pin.json)",
+    )
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config key")
     return p
@@ -142,9 +172,17 @@ def resolve_from_argv(ns: argparse.Namespace) -> tuple[RunConfig, Path | None]:
     """The run's config and, when resuming, the checkpoint to resume from: the newest complete one
     (notes on newer ones passed over go into ``config.notes``), which must have been saved under the
     run folder's settings except those this command sets."""
-    flags = {"task": ns.task, "method": ns.method, "model": ns.model, "output_dir": ns.output_dir,
-             "max_steps": ns.max_steps, "seed": ns.seed, "learning_rate": ns.learning_rate,
-             "lora_r": ns.lora_r, "report_to": ns.report_to}
+    flags = {
+        "task": ns.task,
+        "method": ns.method,
+        "model": ns.model,
+        "output_dir": ns.output_dir,
+        "max_steps": ns.max_steps,
+        "seed": ns.seed,
+        "learning_rate": ns.learning_rate,
+        "lora_r": ns.lora_r,
+        "report_to": ns.report_to,
+    }
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(getattr(ns, "fields", {}))  # --key value (mrtpo.cli_args)
     overrides.update(parse_overrides(ns.overrides))
@@ -159,14 +197,17 @@ def resolve_from_argv(ns: argparse.Namespace) -> tuple[RunConfig, Path | None]:
                 for path in ns.config:
                     where = read_yaml(path).get("output_dir", where)
             if not where:
-                raise ConfigError("--resume without a path needs the run folder: "
-                                  "give --output-dir (or --resume <folder>)")
+                raise ConfigError(
+                    "--resume without a path needs the run folder: give --output-dir (or --resume <folder>)"
+                )
         checkpoint, notes = find_checkpoint(where)
         run_dir = checkpoint.parent
         given = overrides.get("output_dir")
         if given is not None and Path(given).resolve() != run_dir.resolve():
-            raise ConfigError(f"--resume {checkpoint} continues the run in {run_dir}, but --output-dir is {given}; "
-                              "drop --output-dir (resuming keeps the run's folder)")
+            raise ConfigError(
+                f"--resume {checkpoint} continues the run in {run_dir}, but --output-dir is {given}; "
+                "drop --output-dir (resuming keeps the run's folder)"
+            )
         overrides["output_dir"] = str(run_dir)
         saved = run_dir / CONFIG_NAME
         if saved.is_file():
@@ -186,14 +227,18 @@ def _check_same_run(checkpoint: Path, folder: dict | None, given: set[str], note
     of another run): it would continue those weights under these settings without a word."""
     saved = saved_config(checkpoint)
     if saved is None or folder is None:
-        notes.append(f"note: {checkpoint.name} carries no copy of its settings (saved by an older mrtpo), or the "
-                     "folder has no config.yaml; not checked against each other")
+        notes.append(
+            f"note: {checkpoint.name} carries no copy of its settings (saved by an older mrtpo), or the "
+            "folder has no config.yaml; not checked against each other"
+        )
         return
     differ = config_differences(saved, folder, given)
     if differ:
-        raise ConfigError(f"{checkpoint} was saved under other settings than {checkpoint.parent / CONFIG_NAME} "
-                          f"(checkpoint vs config.yaml: {'; '.join(differ)}): it belongs to another run. Resume a "
-                          "checkpoint of this run, or set those keys on the command line to resume under them")
+        raise ConfigError(
+            f"{checkpoint} was saved under other settings than {checkpoint.parent / CONFIG_NAME} "
+            f"(checkpoint vs config.yaml: {'; '.join(differ)}): it belongs to another run. Resume a "
+            "checkpoint of this run, or set those keys on the command line to resume under them"
+        )
 
 
 def _say(main_process: bool, text: str) -> None:
@@ -250,8 +295,11 @@ def _main(argv: list[str] | None, locks: list) -> int:
         if save_only:
             config.notes.append(f"note: {out} has no {FINAL_DIR}/: writing it from {checkpoint.name} (no training)")
         elif finished:
-            _say(main_process, f"mrtpo train: {out} is already finished: {checkpoint.name} is at step {step} of "
-                               f"max_steps {args.max_steps}; give --max-steps N (N > {step}) to train it longer")
+            _say(
+                main_process,
+                f"mrtpo train: {out} is already finished: {checkpoint.name} is at step {step} of "
+                f"max_steps {args.max_steps}; give --max-steps N (N > {step}) to train it longer",
+            )
             return 0
         data = load_task_data(config)
         if main_process:
@@ -264,9 +312,12 @@ def _main(argv: list[str] | None, locks: list) -> int:
         return _error(exc)
     t0 = time.perf_counter()
     mode = f"LoRA r={run.lora_r}" if run.lora_r else "full fine-tuning"
-    _say(main_process, f"mrtpo train · task {run.task} · method {args.method} · model {run.model} ({mode}) · "
-                       f"{args.max_steps} steps × {args.generation_batch_size // args.num_generations} prompts × "
-                       f"{args.num_generations} completions · output {out}")
+    _say(
+        main_process,
+        f"mrtpo train · task {run.task} · method {args.method} · model {run.model} ({mode}) · "
+        f"{args.max_steps} steps × {args.generation_batch_size // args.num_generations} prompts × "
+        f"{args.num_generations} completions · output {out}",
+    )
     for note in config.notes:
         _say(main_process, note)
     from mrtpo.counterfactual import EvidenceNotFoundError
@@ -285,8 +336,11 @@ def _main(argv: list[str] | None, locks: list) -> int:
     trainer.add_callback(ConfigStamp(config))
     trainer.add_callback(ScheduleOnResume())  # --resume --max-steps N: the schedule of a run planned for N steps
     trainer.accelerator.wait_for_everyone()
-    _say(main_process, f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, "
-                       f"rewards {', '.join(trainer.reward_func_names)}")
+    _say(
+        main_process,
+        f"ready in {time.perf_counter() - t0:.0f} s: {len(trainer.train_dataset)} train prompts, "
+        f"rewards {', '.join(trainer.reward_func_names)}",
+    )
     from mrtpo.rewards import RewardValueError
     from mrtpo.run_outputs import save_final_model
 
@@ -301,8 +355,10 @@ def _main(argv: list[str] | None, locks: list) -> int:
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
-        return _error(f"cannot write {exc.filename or out}: {exc.strerror}; the run's complete checkpoints are "
-                      f"intact: free the space (or fix the folder) and --resume {out}")
+        return _error(
+            f"cannot write {exc.filename or out}: {exc.strerror}; the run's complete checkpoints are "
+            f"intact: free the space (or fix the folder) and --resume {out}"
+        )
     if not main_process:
         return 0
     print(f"model: {final} (`mrtpo export {out}` writes a standalone copy)")
@@ -312,8 +368,10 @@ def _main(argv: list[str] | None, locks: list) -> int:
         try:
             paths = make_report(out, samples=run.report_samples)
         except OSError as exc:  # a full disk: the model is saved; `mrtpo report` writes the report later
-            return _error(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the model is saved in {final}: "
-                          f"free the space and run `mrtpo report {out}`")
+            return _error(
+                f"cannot write {exc.filename or out}: {exc.strerror or exc}; the model is saved in {final}: "
+                f"free the space and run `mrtpo report {out}`"
+            )
         print("report: " + ", ".join(str(p) for p in paths.values()))
     print(f"total {time.perf_counter() - t0:.0f} s · run folder {out}")
     return 0

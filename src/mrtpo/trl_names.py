@@ -20,18 +20,23 @@ ALIASES: dict[str, str] = {"model_name_or_path": "model", "torch_dtype": "dtype"
 #: LoRA rank ``use_peft: true`` gives when no layer sets ``lora_r`` (TRL ModelConfig's default ``lora_r``).
 PEFT_DEFAULT_R = 16
 
-_QUANTIZED = ("4-/8-bit (QLoRA) training is not supported: mrtpo loads the policy itself, in float32 or bfloat16 "
-              "(the update, the evidence replays and the export all read those weights), and no quantized load is "
-              "wired or tested; use LoRA (lora_r: 16) on bfloat16 weights (dtype: bfloat16)")
+_QUANTIZED = (
+    "4-/8-bit (QLoRA) training is not supported: mrtpo loads the policy itself, in float32 or bfloat16 "
+    "(the update, the evidence replays and the export all read those weights), and no quantized load is "
+    "wired or tested; use LoRA (lora_r: 16) on bfloat16 weights (dtype: bfloat16)"
+)
 #: TRL / transformers names mrtpo does not take -> what to do instead.
 NOT_TAKEN: dict[str, str] = {
     "reward_model_name_or_path": "reward models are not taken from the command line; pass one to MRTPOTrainer in a "
-                                 "script (reward_funcs=[model]) or write a reward function",
+    "script (reward_funcs=[model]) or write a reward function",
     "dataset_streaming": "task files load the dataset whole (streaming datasets are not supported)",
     "model_revision": "give model_init_kwargs={revision: <branch, tag or commit>} (hub ids only)",
     "attn_implementation": "give model_init_kwargs={attn_implementation: sdpa}",
-    "load_in_4bit": _QUANTIZED, "load_in_8bit": _QUANTIZED, "bnb_4bit_quant_type": _QUANTIZED,
-    "use_bnb_nested_quant": _QUANTIZED, "bnb_4bit_quant_storage": _QUANTIZED,
+    "load_in_4bit": _QUANTIZED,
+    "load_in_8bit": _QUANTIZED,
+    "bnb_4bit_quant_type": _QUANTIZED,
+    "use_bnb_nested_quant": _QUANTIZED,
+    "bnb_4bit_quant_storage": _QUANTIZED,
     "quantization_config": _QUANTIZED,
     "lora_task_type": "mrtpo's adapters are CAUSAL_LM (the only task type a policy has)",
     "lora_target_parameters": "not supported; name modules with lora_target_modules",
@@ -42,12 +47,19 @@ NOT_TAKEN: dict[str, str] = {
 
 
 #: TRL script arguments that make a task (:func:`script_task`) -> the task-file key each sets.
-SCRIPT_KEYS = {"dataset_name": "dataset", "dataset_config": "subset", "dataset_train_split": "train_split",
-               "dataset_test_split": "eval_split", "reward_funcs": "rewards"}
+SCRIPT_KEYS = {
+    "dataset_name": "dataset",
+    "dataset_config": "subset",
+    "dataset_train_split": "train_split",
+    "dataset_test_split": "eval_split",
+    "reward_funcs": "rewards",
+}
 #: The short names TRL's ``grpo`` script takes for its built-in rewards.
-TRL_REWARDS = {"accuracy_reward": "trl.rewards.accuracy_reward",
-               "reasoning_accuracy_reward": "trl.rewards.reasoning_accuracy_reward",
-               "think_format_reward": "trl.rewards.think_format_reward"}
+TRL_REWARDS = {
+    "accuracy_reward": "trl.rewards.accuracy_reward",
+    "reasoning_accuracy_reward": "trl.rewards.reasoning_accuracy_reward",
+    "think_format_reward": "trl.rewards.think_format_reward",
+}
 
 
 def script_task(script: Mapping[str, Any], cwd: Path, folder: Path) -> Path:
@@ -68,8 +80,10 @@ def script_task(script: Mapping[str, Any], cwd: Path, folder: Path) -> Path:
     rewards = block.get("rewards")
     rewards = [rewards] if isinstance(rewards, str) else list(rewards or [])
     if not rewards:
-        raise ValueError("dataset_name needs reward_funcs: TRL's think_format_reward, accuracy_reward or "
-                         "reasoning_accuracy_reward, or dotted paths (my_rewards.fn)")
+        raise ValueError(
+            "dataset_name needs reward_funcs: TRL's think_format_reward, accuracy_reward or "
+            "reasoning_accuracy_reward, or dotted paths (my_rewards.fn)"
+        )
     block["rewards"] = [_reward_ref(str(r), cwd) for r in rewards]
     local = cwd / str(block["dataset"])
     if local.exists():
@@ -162,16 +176,37 @@ def _ratio(a: str, b: str) -> float:
 def optional_dependency_problem(settings: Mapping[str, Any]) -> str | None:
     """Why a trainer setting needs a package that is not installed (TRL would raise an ImportError
     once the model had loaded), or None."""
-    needs = [("use_vllm", "vllm", "vllm generation (use_vllm) needs the 'vllm' package and a CUDA GPU: "
-                                  "`pip install vllm`, or use_vllm=false (transformers generation)"),
-             ("use_liger_kernel", "liger_kernel", "use_liger_kernel needs the 'liger-kernel' package: "
-                                                  "`pip install liger-kernel`; TRL 1.16 prefers "
-                                                  "model_init_kwargs={use_kernels: true}")]
+    needs = [
+        (
+            "use_vllm",
+            "vllm",
+            "vllm generation (use_vllm) needs the 'vllm' package and a CUDA GPU: "
+            "`pip install vllm`, or use_vllm=false (transformers generation)",
+        ),
+        (
+            "use_liger_kernel",
+            "liger_kernel",
+            "use_liger_kernel needs the 'liger-kernel' package: "
+            "`pip install liger-kernel`; TRL 1.16 prefers "
+            "model_init_kwargs={use_kernels: true}",
+        ),
+    ]
     for key, package, message in needs:
         if settings.get(key) and importlib.util.find_spec(package) is None:
             return message
     return None
 
 
-__all__ = ["ALIASES", "NOT_TAKEN", "PEFT_DEFAULT_R", "SCRIPT_KEYS", "TRL_REWARDS", "optional_dependency_problem",
-           "script_task", "suggest", "task_cache", "translate", "unknown_key_message"]
+__all__ = [
+    "ALIASES",
+    "NOT_TAKEN",
+    "PEFT_DEFAULT_R",
+    "SCRIPT_KEYS",
+    "TRL_REWARDS",
+    "optional_dependency_problem",
+    "script_task",
+    "suggest",
+    "task_cache",
+    "translate",
+    "unknown_key_message",
+]

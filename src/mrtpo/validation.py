@@ -20,13 +20,32 @@ from typing import Any
 
 #: Settings that must be > 0 (a zero learning rate trains nothing, silently; ``save_steps`` and
 #: ``logging_steps`` below 1 are a share of max_steps).
-POSITIVE = ("learning_rate", "temperature", "epsilon", "repetition_penalty", "save_steps", "logging_steps",
-            "reward_timeout")
+POSITIVE = (
+    "learning_rate",
+    "temperature",
+    "epsilon",
+    "repetition_penalty",
+    "save_steps",
+    "logging_steps",
+    "reward_timeout",
+)
 #: Settings that must be >= a minimum when set (None: unset).
-AT_LEAST = {"max_steps": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
-            "max_completion_length": 1, "num_generations": 2, "num_iterations": 1, "generation_batch_size": 1,
-            "steps_per_generation": 1, "per_device_eval_batch_size": 1, "num_generations_eval": 1, "top_k": 0,
-            "beta": 0, "weight_decay": 0, "warmup_steps": 0}
+AT_LEAST = {
+    "max_steps": 1,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 1,
+    "max_completion_length": 1,
+    "num_generations": 2,
+    "num_iterations": 1,
+    "generation_batch_size": 1,
+    "steps_per_generation": 1,
+    "per_device_eval_batch_size": 1,
+    "num_generations_eval": 1,
+    "top_k": 0,
+    "beta": 0,
+    "weight_decay": 0,
+    "warmup_steps": 0,
+}
 
 
 class SettingError(ValueError):
@@ -39,8 +58,9 @@ def _is_number(value: Any) -> bool:
 
 def check_finite(key: str, value: Any) -> None:
     """``value`` (a number, or a list / tuple / mapping of them) holds no NaN or ±inf; other values pass."""
-    items: Iterable[Any] = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) \
-        else (value,)
+    items: Iterable[Any] = (
+        value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+    )
     for item in items:
         if _is_number(item) and not math.isfinite(item):
             shown = list(value) if isinstance(value, tuple) else value
@@ -92,10 +112,19 @@ def check_evidence_in_prompts(examples: Iterable[Any], verifiers: Iterable[Any])
         for verifier in verifiers:
             found = verifier.evidence(example)
             if found is not None and found.placement == "in_prompt" and found.text not in text:
-                raise SettingError(f"in_prompt evidence of reward {verifier.name!r} for example {example.id!r} does "
-                                   f"not occur in its prompt: {found.text[:120]!r}; the evidence must be a span of "
-                                   "the prompt (or declare it placement='privileged')")
+                raise SettingError(
+                    f"in_prompt evidence of reward {verifier.name!r} for example {example.id!r} does "
+                    f"not occur in its prompt: {found.text[:120]!r}; the evidence must be a span of "
+                    "the prompt (or declare it placement='privileged')"
+                )
 
 
-__all__ = ["AT_LEAST", "POSITIVE", "SettingError", "check_evidence_in_prompts", "check_finite",
-           "check_train_dataset", "check_trainer_numbers"]
+__all__ = [
+    "AT_LEAST",
+    "POSITIVE",
+    "SettingError",
+    "check_evidence_in_prompts",
+    "check_finite",
+    "check_train_dataset",
+    "check_trainer_numbers",
+]

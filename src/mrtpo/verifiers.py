@@ -29,9 +29,7 @@ class Evidence:
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
-            raise ValueError(
-                f"Evidence placement must be one of {PLACEMENTS}, got {self.placement!r}"
-            )
+            raise ValueError(f"Evidence placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if not isinstance(self.text, str) or not self.text.strip():
             raise ValueError("Evidence text must be a non-empty string")
 

@@ -12,13 +12,20 @@ import warnings
 
 #: ``(category, message regex, module regex, why)``. Re-check each when a pin moves.
 DEPENDENCY_WARNINGS: tuple[tuple[type[Warning], str, str, str], ...] = (
-    (FutureWarning, r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` "
-     r"is deprecated", r"transformers\.modeling_utils",
-     "TRL 1.16 and peft 0.21 still call transformers 5.25's old activation-checkpointing names"),
-    (UserWarning, r"Could not find a config file in .* - will assume that the vocabulary was not modified",
-     r"peft\.utils\.save_and_load",
-     "saving a LoRA adapter offline, peft cannot fetch the base's config to compare vocabularies; mrtpo's "
-     "LoRA targets linear layers only (all-linear leaves the embeddings and the head) and never resizes them"),
+    (
+        FutureWarning,
+        r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` "
+        r"is deprecated",
+        r"transformers\.modeling_utils",
+        "TRL 1.16 and peft 0.21 still call transformers 5.25's old activation-checkpointing names",
+    ),
+    (
+        UserWarning,
+        r"Could not find a config file in .* - will assume that the vocabulary was not modified",
+        r"peft\.utils\.save_and_load",
+        "saving a LoRA adapter offline, peft cannot fetch the base's config to compare vocabularies; mrtpo's "
+        "LoRA targets linear layers only (all-linear leaves the embeddings and the head) and never resizes them",
+    ),
 )
 
 __all__ = ["DEPENDENCY_WARNINGS", "filter_dependency_warnings"]

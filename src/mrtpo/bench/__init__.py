@@ -14,10 +14,17 @@ from typing import Any
 from mrtpo.cli_help import did_you_mean
 from mrtpo.machine import machine_info
 
-BENCHMARKS: dict[str, str] = {"relevance": "mrtpo.bench.relevance", "cost": "mrtpo.bench.cost",
-                              "learn": "mrtpo.bench.learn", "lift": "mrtpo.bench.lift", "gym": "mrtpo.bench.gym",
-                              "gpu": "mrtpo.bench.gpu", "replay": "mrtpo.bench.replay_floor",
-                              "step": "mrtpo.bench.step", "signal": "mrtpo.bench.signal"}
+BENCHMARKS: dict[str, str] = {
+    "relevance": "mrtpo.bench.relevance",
+    "cost": "mrtpo.bench.cost",
+    "learn": "mrtpo.bench.learn",
+    "lift": "mrtpo.bench.lift",
+    "gym": "mrtpo.bench.gym",
+    "gpu": "mrtpo.bench.gpu",
+    "replay": "mrtpo.bench.replay_floor",
+    "step": "mrtpo.bench.step",
+    "signal": "mrtpo.bench.signal",
+}
 
 
 def add_batch_arguments(parser, *, prompts: int, group_size: int = 4, max_new_tokens: int | None) -> None:
@@ -25,8 +32,12 @@ def add_batch_arguments(parser, *, prompts: int, group_size: int = 4, max_new_to
     parser.add_argument("--model", default="qwen2.5-coder-0.5b", help="preset, local dir, .gguf or hub id")
     parser.add_argument("--prompts", type=int, default=prompts, help="prompts, one group of completions each")
     parser.add_argument("--group-size", type=int, default=group_size, help="completions per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
-                        help="completion length cap" + ("" if max_new_tokens else " (default: per task)"))
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=max_new_tokens,
+        help="completion length cap" + ("" if max_new_tokens else " (default: per task)"),
+    )
 
 
 def add_sampling_arguments(parser, *, prompts: int, max_new_tokens: int | None, methods: str, dtype: str) -> None:
@@ -63,9 +74,21 @@ class WeighedGroup:
     maps: dict[str, Any]  # the replay's maps in CreditBatch fields (mrtpo.replay_plan.ReplayPlan.scatter)
 
 
-def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, group_size: int, max_new_tokens: int,
-                     config=None, kind: str = "js", decoys=None, temperature: float = 1.0,
-                     spans_of=None) -> WeighedGroup:
+def sample_and_weigh(
+    model,
+    tokenizer,
+    example,
+    verifiers,
+    render,
+    methods,
+    group_size: int,
+    max_new_tokens: int,
+    config=None,
+    kind: str = "js",
+    decoys=None,
+    temperature: float = 1.0,
+    spans_of=None,
+) -> WeighedGroup:
     """Sample ``group_size`` completions of ``example``, replay them once under every context the
     methods need (:mod:`mrtpo.replay_plan`; always each reward's counterfactual) and give every
     method's token weights. ``decoys``: each reward's decoy evidence (another example's), for the
@@ -86,20 +109,29 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
     names = [v.name for v in verifiers]
     comps, lengths = sample_group(model, tokenizer, ids_of(render(example)), group_size, max_new_tokens, temperature)
     texts = [tokenizer.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
-    rewards = torch.tensor([[float("nan") if (r := v(t, example)) is None else float(r) for v in verifiers]
-                            for t in texts])
+    rewards = torch.tensor(
+        [[float("nan") if (r := v(t, example)) is None else float(r) for v in verifiers] for t in texts]
+    )
     g, t = comps.shape
-    plan = plan_replays([list(range(g))], [[v.evidence(example) for v in verifiers]], lengths.tolist(),
-                        ["per_reward", *(get_method(m).needs for m in methods)],
-                        decoys=None if decoys is None else [list(decoys)])
+    plan = plan_replays(
+        [list(range(g))],
+        [[v.evidence(example) for v in verifiers]],
+        lengths.tolist(),
+        ["per_reward", *(get_method(m).needs for m in methods)],
+        decoys=None if decoys is None else [list(decoys)],
+    )
     (group,) = plan.groups
     contexts = example_contexts(group, example, names, render, ids_of)
     maps = run_replay_plan(model, plan, lambda _: contexts, comps, lengths, kind=kind, temperature=temperature)
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
     needs = [get_method(m).needs for m in methods]
-    known = (known_position_mask(verifiers, [example] * g, texts, [c[:n].tolist() for c, n in zip(comps, lengths)],
-                                 t, tokenizer, spans_of)
-             if any(context_rule(kind).known for kind in needs) else None)
+    known = (
+        known_position_mask(
+            verifiers, [example] * g, texts, [c[:n].tolist() for c, n in zip(comps, lengths)], t, tokenizer, spans_of
+        )
+        if any(context_rule(kind).known for kind in needs)
+        else None
+    )
     batch = CreditBatch(rewards, g, mask, **maps, known_positions=known)
     weights = {m: get_method(m).weights(batch, config or CreditConfig()) for m in methods}
     present = [names[cf.rewards[0]] for cf in group.counterfactuals if cf.rule == EACH]
@@ -108,8 +140,14 @@ def sample_and_weigh(model, tokenizer, example, verifiers, render, methods, grou
 
 def write_record(out: Path, benchmark: str, command: str, rows: list[dict], **extra: Any) -> dict:
     """Write a benchmark's JSON record (what, when, where, the command, the rows) and say where."""
-    record = {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_info(),
-              "command": command, **extra, "rows": rows}
+    record = {
+        "benchmark": benchmark,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine_info(),
+        "command": command,
+        **extra,
+        "rows": rows,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
     print(f"\nwrote {out}")
@@ -141,7 +179,9 @@ def main(argv: list[str]) -> int:
         print(usage())
         return 0
     if argv[0] not in BENCHMARKS:
-        print(f"mrtpo bench: unknown benchmark {argv[0]!r}{did_you_mean(argv[0], BENCHMARKS)}\n\n{usage()}",
-              file=sys.stderr)
+        print(
+            f"mrtpo bench: unknown benchmark {argv[0]!r}{did_you_mean(argv[0], BENCHMARKS)}\n\n{usage()}",
+            file=sys.stderr,
+        )
         return 2
     return int(importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:]) or 0)

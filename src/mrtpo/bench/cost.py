@@ -53,19 +53,30 @@ from mrtpo.sampling import sample_group
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench cost", description=__doc__.splitlines()[0],
-                                formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="mrtpo bench cost", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
     p.add_argument("--task", default="sql", help="task whose train prompts make the batch")
     add_sampling_arguments(p, prompts=2, max_new_tokens=64, methods="grpo,gdpo,mrtpo,contrast,entropy", dtype="float32")
     p.add_argument("--top-k", type=int, help="top-k approximation of the JS sum in the replays (default: exact)")
-    p.add_argument("--groups-per-pass", type=int, default=1,
-                   help="prompt groups replayed in one pass of three forward calls (0: all), as replay_groups_per_pass")
+    p.add_argument(
+        "--groups-per-pass",
+        type=int,
+        default=1,
+        help="prompt groups replayed in one pass of three forward calls (0: all), as replay_groups_per_pass",
+    )
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank on q/k/v/o for the update (0: full fine-tuning)")
-    p.add_argument("--profile", action="store_true",
-                   help="print torch.profiler's top ops of the trainer's update (the shared mode)")
-    p.add_argument("--update-modes", default=",".join(UPDATE_MODES),
-                   help="comma-separated update modes timed against the floor (rows without checkpointing holds "
-                        "every position's full-vocabulary logits: ~21 GB on the default model)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="print torch.profiler's top ops of the trainer's update (the shared mode)",
+    )
+    p.add_argument(
+        "--update-modes",
+        default=",".join(UPDATE_MODES),
+        help="comma-separated update modes timed against the floor (rows without checkpointing holds "
+        "every position's full-vocabulary logits: ~21 GB on the default model)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/bench/cost.json"), metavar="FILE", help="JSON record")
     args = p.parse_args(argv)
     unknown = set(args.update_modes.split(",")) - set(UPDATE_MODES)
@@ -100,8 +111,12 @@ def _with_update_head(model, lora_r: int):
         return model
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0,
-                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,11 +149,19 @@ def main(argv: list[str] | None = None) -> int:
         comps, lengths = sample_group(model, tok, p_ids, args.group_size, args.max_new_tokens)
         batch.append((ex, p_ids, comps, lengths))
     generation_s = time.perf_counter() - gen_start
-    texts = [[tok.decode(c[:n], skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
-             for _, _, comps, lengths in batch]
-    rewards, scoring_s = _timed(lambda: torch.tensor([[float("nan") if (r := v(t, ex)) is None else float(r)
-                                                       for v in verifiers]
-                                                      for (ex, *_), ts in zip(batch, texts) for t in ts]))
+    texts = [
+        [tok.decode(c[:n], skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
+        for _, _, comps, lengths in batch
+    ]
+    rewards, scoring_s = _timed(
+        lambda: torch.tensor(
+            [
+                [float("nan") if (r := v(t, ex)) is None else float(r) for v in verifiers]
+                for (ex, *_), ts in zip(batch, texts)
+                for t in ts
+            ]
+        )
+    )
     t_max = max(int(lengths.max()) for *_, lengths in batch)
     n_rows = args.prompts * args.group_size
     mask = torch.zeros(n_rows, t_max)
@@ -163,9 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         counter = ForwardCounter()
         naive, unique = [], []
         replay_start = time.perf_counter()
-        plan = plan_replays([list(range(g * args.group_size, (g + 1) * args.group_size)) for g in range(len(batch))],
-                            [[v.evidence(ex) for v in verifiers] for ex, *_ in batch],
-                            [int(n) for *_, lengths in batch for n in lengths], method.needs)
+        plan = plan_replays(
+            [list(range(g * args.group_size, (g + 1) * args.group_size)) for g in range(len(batch))],
+            [[v.evidence(ex) for v in verifiers] for ex, *_ in batch],
+            [int(n) for *_, lengths in batch for n in lengths],
+            method.needs,
+        )
         all_lengths = torch.cat([lengths for *_, lengths in batch])
 
         def contexts_of(group):
@@ -182,54 +208,89 @@ def main(argv: list[str] | None = None) -> int:
             unique.append((distinct[0], 1))  # the original once, each context from where it departs
             unique += [(ctx[s:], 1) for ctx, s in zip(distinct[1:], shared_lengths(distinct)[1:])]
             unique += [(c, len(c)) for _ in distinct for c in comp_lists]  # every completion per context
-        maps = run_replay_plan(model, plan, contexts_of, completions, all_lengths, temperature=1.0, top_k=args.top_k,
-                               counter=counter, groups_per_pass=args.groups_per_pass or None)
+        maps = run_replay_plan(
+            model,
+            plan,
+            contexts_of,
+            completions,
+            all_lengths,
+            temperature=1.0,
+            top_k=args.top_k,
+            counter=counter,
+            groups_per_pass=args.groups_per_pass or None,
+        )
         replay_s = time.perf_counter() - replay_start
         credit = CreditBatch(rewards, args.group_size, mask, **maps)
         advantages = method(credit, CreditConfig())
         update_s = update_seconds(model, update_batch(advantages), "shared")
-        row = {"method": method_name, "needs": method.needs, "generation_s": generation_s, "scoring_s": scoring_s,
-               "replay_s": replay_s, "replay_kernel_s": counter.kernel_s, "update_s": update_s,
-               "replay_forward_calls": counter.calls}
+        row = {
+            "method": method_name,
+            "needs": method.needs,
+            "generation_s": generation_s,
+            "scoring_s": scoring_s,
+            "replay_s": replay_s,
+            "replay_kernel_s": counter.kernel_s,
+            "update_s": update_s,
+            "replay_forward_calls": counter.calls,
+        }
         if naive:
             naive_s, naive_tokens = _plain_forward_seconds(model, naive)
             unique_s, unique_tokens = _plain_forward_seconds(model, [u for u in unique if u[0]])
-            row.update({"naive_floor_s": naive_s, "naive_tokens": naive_tokens, "unique_floor_s": unique_s,
-                        "unique_tokens": unique_tokens, "replay_tokens_per_s": naive_tokens / replay_s,
-                        "naive_floor_tokens_per_s": naive_tokens / naive_s})
+            row.update(
+                {
+                    "naive_floor_s": naive_s,
+                    "naive_tokens": naive_tokens,
+                    "unique_floor_s": unique_s,
+                    "unique_tokens": unique_tokens,
+                    "replay_tokens_per_s": naive_tokens / replay_s,
+                    "naive_floor_tokens_per_s": naive_tokens / naive_s,
+                }
+            )
         rows.append(row)
         print(f"[{method_name}] replay {replay_s:.2f}s update {update_s:.2f}s", file=sys.stderr, flush=True)
 
     floors = _floors(model, initial_state, update_batch(advantages), batch, args, generation_s)
 
-    header = (f"{'method':>9} {'gen s':>7} {'score s':>8} {'replay s':>9} {'of it kernel s':>15} {'update s':>9} "
-              f"{'calls':>6} {'naive floor s':>14} {'unique floor s':>15}")
+    header = (
+        f"{'method':>9} {'gen s':>7} {'score s':>8} {'replay s':>9} {'of it kernel s':>15} {'update s':>9} "
+        f"{'calls':>6} {'naive floor s':>14} {'unique floor s':>15}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['method']:>9} {r['generation_s']:>7.1f} {r['scoring_s']:>8.2f} {r['replay_s']:>9.2f} "
-              f"{r['replay_kernel_s']:>15.2f} {r['update_s']:>9.2f} "
-              f"{r['replay_forward_calls']:>6} {r.get('naive_floor_s', float('nan')):>14.2f} "
-              f"{r.get('unique_floor_s', float('nan')):>15.2f}")
+        print(
+            f"{r['method']:>9} {r['generation_s']:>7.1f} {r['scoring_s']:>8.2f} {r['replay_s']:>9.2f} "
+            f"{r['replay_kernel_s']:>15.2f} {r['update_s']:>9.2f} "
+            f"{r['replay_forward_calls']:>6} {r.get('naive_floor_s', float('nan')):>14.2f} "
+            f"{r.get('unique_floor_s', float('nan')):>15.2f}"
+        )
     print()
     print(f"{'phase':>26} {'s':>8} {'floor s':>8} {'ratio':>6}")
     for name, (seconds, floor) in floors["phases"].items():
         print(f"{name:>26} {seconds:>8.2f} {floor:>8.2f} {seconds / floor:>6.2f}")
-    print(f"update tokens: {floors['tokens']}; forward+backward floor {floors['floor_tokens_per_s']:.0f} tokens/s, "
-          f"decode floor {floors['decode_tokens_per_s']:.1f} tokens/s")
+    print(
+        f"update tokens: {floors['tokens']}; forward+backward floor {floors['floor_tokens_per_s']:.0f} tokens/s, "
+        f"decode floor {floors['decode_tokens_per_s']:.1f} tokens/s"
+    )
     for mode, table in floors.get("profile", {}).items():
         print(f"\nprofile of the update ({mode}):\n{table}")
-    write_record(args.out, "cost of one training step per method (same batch)",
-                 "mrtpo bench cost " + " ".join(argv or []), rows,
-                 settings={k: str(v) for k, v in vars(args).items()}, floors=floors)
+    write_record(
+        args.out,
+        "cost of one training step per method (same batch)",
+        "mrtpo bench cost " + " ".join(argv or []),
+        rows,
+        settings={k: str(v) for k, v in vars(args).items()},
+        floors=floors,
+    )
     return 0
 
 
 def _floors(model, initial_state, batch: UpdateBatch, groups, args, generation_s: float) -> dict:
     """Each phase's seconds next to its floor: generation against the decode floor, the update in each
     of :data:`UPDATE_MODES` against the forward + backward floor over its unique tokens."""
-    decode_s = sum(decode_floor_seconds(model, p_ids, args.group_size, int(lengths.max()))
-                   for _, p_ids, _, lengths in groups)
+    decode_s = sum(
+        decode_floor_seconds(model, p_ids, args.group_size, int(lengths.max())) for _, p_ids, _, lengths in groups
+    )
     new_tokens = args.group_size * sum(int(lengths.max()) for *_, lengths in groups)
     phases = {"generation": (generation_s, decode_s)}
     floor_s = update_floor_seconds(model, batch)
@@ -237,8 +298,12 @@ def _floors(model, initial_state, batch: UpdateBatch, groups, args, generation_s
         model.load_state_dict(initial_state)
         phases[f"update ({mode})"] = (update_seconds(model, batch, mode), floor_s)
     tokens = batch.unique_tokens()
-    record = {"phases": phases, "tokens": tokens, "decode_tokens_per_s": new_tokens / decode_s,
-              "floor_tokens_per_s": (tokens["prompt"] + tokens["completion"]) / floor_s}
+    record = {
+        "phases": phases,
+        "tokens": tokens,
+        "decode_tokens_per_s": new_tokens / decode_s,
+        "floor_tokens_per_s": (tokens["prompt"] + tokens["completion"]) / floor_s,
+    }
     if args.profile:
         record["profile"] = {"shared": profile_update(model, batch, "shared")}
     model.load_state_dict(initial_state)

@@ -40,8 +40,9 @@ class UpdateBatch:
     advantages: Tensor
 
     @classmethod
-    def from_groups(cls, prompts: list[list[int]], completions: Tensor, mask: Tensor, advantages: Tensor,
-                    pad_id: int) -> UpdateBatch:
+    def from_groups(
+        cls, prompts: list[list[int]], completions: Tensor, mask: Tensor, advantages: Tensor, pad_id: int
+    ) -> UpdateBatch:
         """From one prompt's ids per row (equal within a group) and right-padded completions ``(B, T)``."""
         width = max(map(len, prompts))
         ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts])
@@ -51,8 +52,11 @@ class UpdateBatch:
     def unique_tokens(self) -> dict[str, int]:
         """Tokens the update must see at least: distinct prompts once, completions once."""
         _, mask, _ = distinct_rows(self.prompt_ids, self.prompt_mask)
-        return {"prompt": int(mask.sum()), "completion": int(self.completion_mask.sum()),
-                "rows": int(self.prompt_mask.sum() + self.completion_mask.sum())}
+        return {
+            "prompt": int(mask.sum()),
+            "completion": int(self.completion_mask.sum()),
+            "rows": int(self.prompt_mask.sum() + self.completion_mask.sum()),
+        }
 
 
 def _rows_logps(model: Any, batch: UpdateBatch) -> Tensor:
@@ -77,8 +81,9 @@ def update_seconds(model: Any, batch: UpdateBatch, mode: str, lr: float = 1e-6) 
     opt = torch.optim.SGD(params, lr=lr)
     start = time.perf_counter()
     if mode == "shared":
-        logps, _ = shared_prompt_logps(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                       batch.completion_mask)
+        logps, _ = shared_prompt_logps(
+            model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
+        )
     else:
         logps = _rows_logps(model, batch)
     mask = batch.completion_mask
@@ -101,8 +106,9 @@ def update_floor_seconds(model: Any, batch: UpdateBatch) -> float:
     model.train()
     start = time.perf_counter()
     prompt_hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-    hidden = backbone(input_ids=batch.completion_ids, attention_mask=batch.completion_mask,
-                      use_cache=False).last_hidden_state
+    hidden = backbone(
+        input_ids=batch.completion_ids, attention_mask=batch.completion_mask, use_cache=False
+    ).last_hidden_state
     scored = hidden[batch.completion_mask.bool()]
     logps = torch.log_softmax(head(scored).float(), -1)
     targets = batch.completion_ids[batch.completion_mask.bool()]

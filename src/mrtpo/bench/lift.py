@@ -34,8 +34,9 @@ DEFAULT_MAX_NEW_TOKENS = {"instructions": 192, "toolcall": 96, "sql": 64}
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench lift", description=__doc__.splitlines()[0],
-                                formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="mrtpo bench lift", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
     p.add_argument("--task", default="instructions", help="instructions, toolcall, sql or any task with checked_spans")
     add_sampling_arguments(p, prompts=8, max_new_tokens=None, methods=",".join(DEFAULT_METHODS), dtype="bfloat16")
     p.add_argument("--scan", type=int, default=500, help="train examples scanned for prompts with a span")
@@ -69,10 +70,16 @@ def summarise(rows: list[dict], methods: list[str]) -> list[dict]:
         by_kind[r["kind"]].append(r)
     out = []
     for kind, items in sorted(by_kind.items()):
-        out.append({"kind": kind, "n": len(items),
-                    "span_share": sum(r["span_tokens"] / r["tokens"] for r in items) / len(items),
-                    "lift": {m: summarise_lifts([r["lift"][m] for r in items if r["lift"][m] is not None])
-                             for m in methods}})
+        out.append(
+            {
+                "kind": kind,
+                "n": len(items),
+                "span_share": sum(r["span_tokens"] / r["tokens"] for r in items) / len(items),
+                "lift": {
+                    m: summarise_lifts([r["lift"][m] for r in items if r["lift"][m] is not None]) for m in methods
+                },
+            }
+        )
     return out
 
 
@@ -104,14 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     candidates = task.load("train", limit=args.scan)
     examples = [e for e in candidates if task.may_have_checked_spans(e)][: args.prompts]
     if not examples:
-        print(f"mrtpo bench lift: none of the first {args.scan} {args.task} train examples can have a checked span",
-              file=sys.stderr)
+        print(
+            f"mrtpo bench lift: none of the first {args.scan} {args.task} train examples can have a checked span",
+            file=sys.stderr,
+        )
         return 2
 
     rows = []
     for ex in tqdm(examples, desc=f"lift · {args.task}", unit="prompt"):
-        group = sample_and_weigh(model, tok, ex, verifiers, render, methods, args.group_size, max_new,
-                                 spans_of=task.checked_spans)
+        group = sample_and_weigh(
+            model, tok, ex, verifiers, render, methods, args.group_size, max_new, spans_of=task.checked_spans
+        )
         comps, lengths, texts = group.completions, group.lengths, group.texts
         rewards, weights = group.rewards, group.weights
         for i, text in enumerate(texts):
@@ -119,22 +129,37 @@ def main(argv: list[str] | None = None) -> int:
             spans = task.checked_spans(ex, text)
             offsets = token_offsets(tok, comps[i, :n].tolist())
             for r in completion_lifts({m: w[i] for m, w in weights.items()}, names, spans, offsets):
-                rows.append({"example": ex.id, "completion": i,
-                             "reward_value": float(rewards[i, names.index(r["reward"])]), **r, "text": text})
+                rows.append(
+                    {
+                        "example": ex.id,
+                        "completion": i,
+                        "reward_value": float(rewards[i, names.index(r["reward"])]),
+                        **r,
+                        "text": text,
+                    }
+                )
 
     summary = summarise(rows, methods)
     header = f"{'span kind':<22} {'n':>4} {'share':>6} " + " ".join(f"{m:>20}" for m in methods)
-    print(f"\nlift = share of a reward's weight on its checked span / the span's share of tokens "
-          f"(mean ± std over completions; 1 = uniform)\n{header}\n{'-' * len(header)}")
+    print(
+        f"\nlift = share of a reward's weight on its checked span / the span's share of tokens "
+        f"(mean ± std over completions; 1 = uniform)\n{header}\n{'-' * len(header)}"
+    )
     for s in summary:
         cells = []
         for m in methods:
             st = s["lift"][m]
             cells.append(f"{st['mean']:.2f} ± {st['std']:.2f} ({st['above_1']:.0%}>1)" if st["n"] else "—")
         print(f"{s['kind']:<22} {s['n']:>4} {s['span_share']:>6.2f} " + " ".join(f"{c:>20}" for c in cells))
-    write_record(out_path, "credit lift on the verifier's checked span", "mrtpo bench lift " + " ".join(argv or []),
-                 rows, summary=summary, settings={k: str(v) for k, v in vars(args).items()},
-                 prompts=[e.id for e in examples])
+    write_record(
+        out_path,
+        "credit lift on the verifier's checked span",
+        "mrtpo bench lift " + " ".join(argv or []),
+        rows,
+        summary=summary,
+        settings={k: str(v) for k, v in vars(args).items()},
+        prompts=[e.id for e in examples],
+    )
     return 0
 
 

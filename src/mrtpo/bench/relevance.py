@@ -131,10 +131,12 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mrtpo bench relevance", description=__doc__.splitlines()[0],
-                                     formatter_class=HelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/bench/relevance.json"), metavar="FILE",
-                        help="JSON record")
+    parser = argparse.ArgumentParser(
+        prog="mrtpo bench relevance", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/bench/relevance.json"), metavar="FILE", help="JSON record"
+    )
     parser.add_argument("--quick", action="store_true", help="smaller shapes, fewer cases")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per case (median)")
     args = parser.parse_args(argv)
@@ -147,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     table = format_table(rows)
     print(table)
     print("(* = chunk_size=None, chosen by auto_chunk_size; extra MiB = peak memory added by the kernel)")
-    write_record(args.out, "relevance kernel (js_distance)",
-                 "mrtpo bench relevance" + (" --quick" if args.quick else ""), rows)
+    write_record(
+        args.out, "relevance kernel (js_distance)", "mrtpo bench relevance" + (" --quick" if args.quick else ""), rows
+    )
     return 0
 
 

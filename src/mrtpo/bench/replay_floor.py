@@ -40,13 +40,15 @@ from mrtpo.replay_passes import plan_passes
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench replay", description=__doc__.splitlines()[0],
-                                formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="mrtpo bench replay", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
     add_batch_arguments(p, prompts=4, group_size=8, max_new_tokens=128)  # completions: random tokens of that length
     p.add_argument("--task", default="sql", help="task whose train prompts and evidence make the contexts")
     p.add_argument("--groups-per-pass", type=int, default=0, help="prompt groups per replay pass (0: all)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="model dtype (default: bfloat16 on CUDA, "
-                   "float32 on a CPU)")
+    p.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], help="model dtype (default: bfloat16 on CUDA, float32 on a CPU)"
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats after one warm-up (the median is reported)")
     p.add_argument("--profile", action="store_true", help="torch.profiler's top ops of one replay")
@@ -55,8 +57,9 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def replay_batch(task: Any, tokenizer: Any, prompts: int, group_size: int, new_tokens: int,
-                 seed: int = 0) -> list[ReplayGroup]:
+def replay_batch(
+    task: Any, tokenizer: Any, prompts: int, group_size: int, new_tokens: int, seed: int = 0
+) -> list[ReplayGroup]:
     """The first ``prompts`` train examples of ``task`` as mrtpo replays them: per group the original
     prompt and each reward's counterfactual, with ``group_size`` random completions ``(G, T)`` of
     ``new_tokens`` ordinary tokens each (on the host, as the trainer hands them over)."""
@@ -73,11 +76,22 @@ def replay_batch(task: Any, tokenizer: Any, prompts: int, group_size: int, new_t
 
     groups = []
     for example in task.load("train", limit=prompts):
-        group = plan_group(list(range(group_size)), [v.evidence(example) for v in verifiers], [True] * len(verifiers),
-                           "per_reward", new_tokens)
+        group = plan_group(
+            list(range(group_size)),
+            [v.evidence(example) for v in verifiers],
+            [True] * len(verifiers),
+            "per_reward",
+            new_tokens,
+        )
         completions = torch.randint(0, tokenizer.vocab_size, (group_size, new_tokens), generator=generator)
-        groups.append(ReplayGroup(example_contexts(group, example, names, render, tokenize), group.placements,
-                                  completions, torch.full((group_size,), new_tokens)))
+        groups.append(
+            ReplayGroup(
+                example_contexts(group, example, names, render, tokenize),
+                group.placements,
+                completions,
+                torch.full((group_size,), new_tokens),
+            )
+        )
     return groups
 
 
@@ -103,8 +117,13 @@ def plain_forward(model: Any, groups: list[ReplayGroup], groups_per_pass: int | 
         width = max(map(len, rows))
         ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=_positions(mask).to(device),
-              logits_to_keep=t, use_cache=False)
+        model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=_positions(mask).to(device),
+            logits_to_keep=t,
+            use_cache=False,
+        )
         calls += 1
         tokens += int(mask.sum())
     return calls, tokens
@@ -144,9 +163,14 @@ def profile_replay(fn: Callable[[], Any], device: torch.device, rows: int = 15) 
         return sum(e.count for e in events if any(n in e.key for n in needles))
 
     sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return {"table": events.table(sort_by=sort_by, row_limit=rows), "sort_by": sort_by,
-            "kernel_launches": count("LaunchKernel", "cuLaunch"), "synchronizations": count("Synchronize"),
-            "memcpy": count("Memcpy"), "ops": sum(e.count for e in events if e.key.startswith("aten::"))}
+    return {
+        "table": events.table(sort_by=sort_by, row_limit=rows),
+        "sort_by": sort_by,
+        "kernel_launches": count("LaunchKernel", "cuLaunch"),
+        "synchronizations": count("Synchronize"),
+        "memcpy": count("Memcpy"),
+        "ops": sum(e.count for e in events if e.key.startswith("aten::")),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.models import load_policy
     from mrtpo.tasks import get_task
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     model, tok = load_policy(args.model, dtype=dtype)
     model.to(device).eval()
@@ -180,23 +209,40 @@ def main(argv: list[str] | None = None) -> int:
         _synchronize(device)
     after = torch.cuda.memory_stats(device) if device.type == "cuda" else {}
     # allocation requests served by the caching allocator, and the device allocations behind them
-    allocations = {key: after.get(key, 0) - before.get(key, 0)
-                   for key in ("allocation.all.allocated", "num_device_alloc")} if after else None
-    row = {"replay_s": statistics.median(replay_s), "floor_s": statistics.median(floor_s),
-           "replay_all_s": replay_s, "floor_all_s": floor_s, "replay_forward_calls": replay_calls,
-           "floor_forward_calls": floor_calls, "floor_tokens": floor_tokens, "host_traffic": traffic.summary(),
-           "allocations": allocations,
-           "contexts": [len(g.contexts) for g in groups], "prompt_tokens": [len(g.contexts[0]) for g in groups]}
+    allocations = (
+        {key: after.get(key, 0) - before.get(key, 0) for key in ("allocation.all.allocated", "num_device_alloc")}
+        if after
+        else None
+    )
+    row = {
+        "replay_s": statistics.median(replay_s),
+        "floor_s": statistics.median(floor_s),
+        "replay_all_s": replay_s,
+        "floor_all_s": floor_s,
+        "replay_forward_calls": replay_calls,
+        "floor_forward_calls": floor_calls,
+        "floor_tokens": floor_tokens,
+        "host_traffic": traffic.summary(),
+        "allocations": allocations,
+        "contexts": [len(g.contexts) for g in groups],
+        "prompt_tokens": [len(g.contexts[0]) for g in groups],
+    }
     row["ratio"] = row["replay_s"] / row["floor_s"]
     if device.type == "cuda":
         row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    print(f"{args.prompts} groups x {args.group_size} completions x {args.max_new_tokens} tokens, contexts per group "
-          f"{row['contexts']}, {args.groups_per_pass or 'all'} group(s) per pass, {dtype} on {device}")
-    print(f"replay            {row['replay_s']:8.3f} s  ({replay_calls} forward calls; host syncs "
-          f"{traffic.syncs}, copies to the device {traffic.to_device}, torch calls outside the model {traffic.calls})")
+    print(
+        f"{args.prompts} groups x {args.group_size} completions x {args.max_new_tokens} tokens, contexts per group "
+        f"{row['contexts']}, {args.groups_per_pass or 'all'} group(s) per pass, {dtype} on {device}"
+    )
+    print(
+        f"replay            {row['replay_s']:8.3f} s  ({replay_calls} forward calls; host syncs "
+        f"{traffic.syncs}, copies to the device {traffic.to_device}, torch calls outside the model {traffic.calls})"
+    )
     if allocations is not None:
-        print(f"                  {allocations['allocation.all.allocated']} allocations from the caching allocator, "
-              f"{allocations['num_device_alloc']} device allocations")
+        print(
+            f"                  {allocations['allocation.all.allocated']} allocations from the caching allocator, "
+            f"{allocations['num_device_alloc']} device allocations"
+        )
     print(f"plain forward     {row['floor_s']:8.3f} s  ({floor_calls} forward calls over {floor_tokens} tokens)")
     print(f"replay / floor    {row['ratio']:8.2f}")
     extra: dict[str, Any] = {}
@@ -204,14 +250,23 @@ def main(argv: list[str] | None = None) -> int:
         try:
             extra["profile"] = profile_replay(replay, device)
             p = extra["profile"]
-            print(f"\nprofile of one replay: {p['kernel_launches']} kernel launches, {p['synchronizations']} "
-                  f"synchronisations, {p['memcpy']} memory copies, {p['ops']} aten ops\n{p['table']}")
+            print(
+                f"\nprofile of one replay: {p['kernel_launches']} kernel launches, {p['synchronizations']} "
+                f"synchronisations, {p['memcpy']} memory copies, {p['ops']} aten ops\n{p['table']}"
+            )
         except Exception as exc:  # the timings above stand without it
             extra["profile_error"] = repr(exc)
             print(f"profile failed: {exc!r}", file=sys.stderr)
-    write_record(args.out, "evidence replay against a plain forward over the same tokens",
-                 "mrtpo bench replay " + " ".join(argv or []), [row], device=str(device), dtype=str(dtype),
-                 settings={k: str(v) for k, v in vars(args).items()}, **extra)
+    write_record(
+        args.out,
+        "evidence replay against a plain forward over the same tokens",
+        "mrtpo bench replay " + " ".join(argv or []),
+        [row],
+        device=str(device),
+        dtype=str(dtype),
+        settings={k: str(v) for k, v in vars(args).items()},
+        **extra,
+    )
     return 0
 
 

@@ -50,22 +50,34 @@ from mrtpo.credit.signal import (
     predicted_gain,
     signal_stats,
 )
+from mrtpo.task_base import implements
 
 #: Credit settings ``--method-setting LABEL:key=value`` may give one method (the rest is shared).
 CREDIT_KEYS = ("lam", "reward_lam", "w_max", "weighting", "rank_power", "weight_mean")
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench signal", description=__doc__.splitlines()[0],
-                                formatter_class=HelpFormatter,
-                                epilog="Any training key can follow as key=value (e.g. num_generations=8).")
+    p = argparse.ArgumentParser(
+        prog="mrtpo bench signal",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+        epilog="Any training key can follow as key=value (e.g. num_generations=8).",
+    )
     p.add_argument("--task", default="gym-constraints", help="a registered task (gym-*, instructions, ...) or .yaml")
     p.add_argument("--model", help="preset, local dir or hub id (default: the preset's; gym: the task's policy)")
     p.add_argument("--preset", help="bench learn preset or YAML (default: gym for gym-* tasks, else cpu)")
-    p.add_argument("--methods", default="gdpo,mrtpo",
-                   help="comma-separated credit methods; LABEL=METHOD adds a variant under its own name")
-    p.add_argument("--method-setting", action="append", default=[], metavar="LABEL:key=value",
-                   help=f"a credit setting for one method ({', '.join(CREDIT_KEYS)}); repeatable")
+    p.add_argument(
+        "--methods",
+        default="gdpo,mrtpo",
+        help="comma-separated credit methods; LABEL=METHOD adds a variant under its own name",
+    )
+    p.add_argument(
+        "--method-setting",
+        action="append",
+        default=[],
+        metavar="LABEL:key=value",
+        help=f"a credit setting for one method ({', '.join(CREDIT_KEYS)}); repeatable",
+    )
     p.add_argument("--groups", type=int, default=32, help="prompt groups sampled (one gradient each per method)")
     p.add_argument("--step-groups", type=int, help="groups per training step (default: the preset's batch)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -91,19 +103,21 @@ def method_configs(entries: list[str], settings: list[str], base: CreditConfig) 
         values = parse_overrides([setting])
         bad = sorted(set(values) - set(CREDIT_KEYS))
         if bad:
-            raise ValueError(f"--method-setting {item!r}: only credit settings ({', '.join(CREDIT_KEYS)}) differ "
-                             "between methods here (one sampled batch); give others as key=value for all")
+            raise ValueError(
+                f"--method-setting {item!r}: only credit settings ({', '.join(CREDIT_KEYS)}) differ "
+                "between methods here (one sampled batch); give others as key=value for all"
+            )
         own[label].update(values)
     return {label: (bases.get(label, label), dataclasses.replace(base, **own[label])) for label in labels}
 
 
-def relevant_mask(task: Any, example: Any, verifiers: list[Any], texts: list[str], ids: list[list[int]], width: int,
-                  tokenizer: Any) -> torch.Tensor | None:
+def relevant_mask(
+    task: Any, example: Any, verifiers: list[Any], texts: list[str], ids: list[list[int]], width: int, tokenizer: Any
+) -> torch.Tensor | None:
     """``(G, K, T)`` bool: the tokens each reward is known to read in each completion
     (:func:`mrtpo.known_positions.known_position_mask`: a gym verifier's ground truth, else the task's
     ``checked_spans`` mapped to tokens as ``bench lift`` does); ``None`` when the task knows none."""
     from mrtpo.known_positions import known_position_mask, knows_positions
-    from mrtpo.task_base import implements
 
     spans_of = task.checked_spans if implements(task, "checked_spans") else None
     if not any(knows_positions(v, spans_of) for v in verifiers):
@@ -126,12 +140,25 @@ def step_batch(groups: list[Any], relevant: list[torch.Tensor | None], group_siz
     extra = {}
     if "known_positions" in CreditBatch.__dataclass_fields__ and all(r is not None for r in relevant):
         extra["known_positions"] = _pad([r.float() for r in relevant], width)  # what an oracle method reads
-    return CreditBatch(torch.cat([g.rewards for g in groups]), group_size, torch.cat(masks),
-                       has_evidence=torch.cat([g.maps["has_evidence"] for g in groups]), **fields, **extra)
+    return CreditBatch(
+        torch.cat([g.rewards for g in groups]),
+        group_size,
+        torch.cat(masks),
+        has_evidence=torch.cat([g.maps["has_evidence"] for g in groups]),
+        **fields,
+        **extra,
+    )
 
 
-def group_gradient(trainer: Any, params: list[torch.nn.Parameter], prompt: list[int], completions: torch.Tensor,
-                   lengths: torch.Tensor, advantages: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+def group_gradient(
+    trainer: Any,
+    params: list[torch.nn.Parameter],
+    prompt: list[int],
+    completions: torch.Tensor,
+    lengths: torch.Tensor,
+    advantages: torch.Tensor,
+    sequence: torch.Tensor,
+) -> torch.Tensor:
     """``(P,)`` float32 gradient of the trainer's loss on one group: ``prompt`` ids, ``completions``
     ``(G, T)``, ``lengths`` ``(G,)``, token ``advantages`` ``(G, T)``, ``sequence`` advantages ``(G,)``.
     On-policy (ratio 1) and in eval mode (no dropout), normalised by the group's own token count, so a
@@ -142,14 +169,22 @@ def group_gradient(trainer: Any, params: list[torch.nn.Parameter], prompt: list[
     g, t = completions.shape
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).long()
     prompt_ids = torch.tensor([prompt] * g)
-    inputs = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completions,
-              "completion_mask": mask, "advantages": advantages[:, :t], SEQUENCE_ADVANTAGES_KEY: sequence,
-              "num_items_in_batch": mask.sum(), "old_per_token_logps": None}
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completions,
+        "completion_mask": mask,
+        "advantages": advantages[:, :t],
+        SEQUENCE_ADVANTAGES_KEY: sequence,
+        "num_items_in_batch": mask.sum(),
+        "old_per_token_logps": None,
+    }
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     loss = trainer._compute_loss(trainer.model, inputs)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat([(torch.zeros_like(p) if d is None else d).reshape(-1).float().cpu()
-                      for p, d in zip(params, grads)])
+    return torch.cat(
+        [(torch.zeros_like(p) if d is None else d).reshape(-1).float().cpu() for p, d in zip(params, grads)]
+    )
 
 
 def _config(args, output_dir: Path):
@@ -158,15 +193,32 @@ def _config(args, output_dir: Path):
 
     preset = args.preset or ("gym" if args.task.startswith("gym-") else "cpu")
     train, _ = read_preset(resolve_preset(preset), args.task)
-    settings = {**train, "task": args.task, "method": "gdpo", "max_steps": 1, "seed": args.seed,
-                "output_dir": str(output_dir), "save_strategy": "no", "report": False, "report_to": "none",
-                "credit_samples": 0, **({"model": args.model} if args.model else {}), **parse_overrides(args.overrides)}
+    settings = {
+        **train,
+        "task": args.task,
+        "method": "gdpo",
+        "max_steps": 1,
+        "seed": args.seed,
+        "output_dir": str(output_dir),
+        "save_strategy": "no",
+        "report": False,
+        "report_to": "none",
+        "credit_samples": 0,
+        **({"model": args.model} if args.model else {}),
+        **parse_overrides(args.overrides),
+    }
     return load_config(overrides=settings), preset
 
 
-def summarise(grads: dict[str, torch.Tensor], lifts: dict[str, dict[str, list[list[tuple[float, float]]]]],
-              step_norms: dict[str, list[float]], reference: str, resamples: int, max_grad_norm: float | None,
-              seed: int = 0) -> dict[str, dict[str, Any]]:
+def summarise(
+    grads: dict[str, torch.Tensor],
+    lifts: dict[str, dict[str, list[list[tuple[float, float]]]]],
+    step_norms: dict[str, list[float]],
+    reference: str,
+    resamples: int,
+    max_grad_norm: float | None,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
     """Per method: the signal statistics with bootstrap intervals over groups (every method on the same
     resamples), the step gradient norm and clip rate, and per reward ``lift``, ``mean_w2``,
     ``predicted_g`` with intervals.
@@ -177,9 +229,14 @@ def summarise(grads: dict[str, torch.Tensor], lifts: dict[str, dict[str, list[li
     grams = {m: gram(g) for m, g in grads.items()}
     cross = {m: cross_gram(g, grads[reference]) for m, g in grads.items()}
 
-    sums = {(m, name): (group_sums([[v[0] for v in g] for g in per_group]),
-                        group_sums([[v[1] for v in g] for g in per_group]))
-            for m, per_reward in lifts.items() for name, per_group in per_reward.items()}
+    sums = {
+        (m, name): (
+            group_sums([[v[0] for v in g] for g in per_group]),
+            group_sums([[v[1] for v in g] for g in per_group]),
+        )
+        for m, per_reward in lifts.items()
+        for name, per_group in per_reward.items()
+    }
 
     def figures(counts: torch.Tensor) -> dict[str, dict[str, float]]:
         out = signal_stats(grams, cross, reference, counts)
@@ -187,8 +244,9 @@ def summarise(grads: dict[str, torch.Tensor], lifts: dict[str, dict[str, list[li
             for name in per_reward:
                 (lift_sums, sizes), (w2_sums, _) = sums[(m, name)]
                 lift, w2 = pooled(lift_sums, sizes, counts), pooled(w2_sums, sizes, counts)
-                out[m].update({f"{name}/lift": lift, f"{name}/mean_w2": w2,
-                               f"{name}/predicted_g": predicted_gain(lift, w2)})
+                out[m].update(
+                    {f"{name}/lift": lift, f"{name}/mean_w2": w2, f"{name}/predicted_g": predicted_gain(lift, w2)}
+                )
         return out
 
     point = figures(torch.ones(n, dtype=torch.float64))
@@ -219,15 +277,21 @@ def _ci(value: float, ci: tuple[float, float], spec: str = "{:.2f}") -> str:
 
 
 def print_table(stats: dict[str, dict[str, Any]], reference: str) -> None:
-    header = (f"{'method':<14} {'SNR [95%]':>22} {'SNR-1':>7} {'cos(ref)':>9} {'G_eff [95%]':>22} "
-              f"{'G_eff(SNR-1) [95%]':>24} {'|g| step':>9} {'clip':>5}")
-    print(f"\ngradient signal per method (reference {reference}; intervals: bootstrap over groups)\n{header}\n"
-          f"{'-' * len(header)}")
+    header = (
+        f"{'method':<14} {'SNR [95%]':>22} {'SNR-1':>7} {'cos(ref)':>9} {'G_eff [95%]':>22} "
+        f"{'G_eff(SNR-1) [95%]':>24} {'|g| step':>9} {'clip':>5}"
+    )
+    print(
+        f"\ngradient signal per method (reference {reference}; intervals: bootstrap over groups)\n{header}\n"
+        f"{'-' * len(header)}"
+    )
     for m, r in stats.items():
         clip = "—" if r["clip_rate"] is None else f"{r['clip_rate']:.0%}"
-        print(f"{m:<14} {_ci(r['snr'], r['snr_ci']):>22} {r['snr_excess']:>7.2f} {r['cos_to_ref']:>9.3f} "
-              f"{_ci(r['g_eff'], r['g_eff_ci']):>22} {_ci(r['g_eff_excess'], r['g_eff_excess_ci']):>24} "
-              f"{r['grad_norm']:>9.3g} {clip:>5}")
+        print(
+            f"{m:<14} {_ci(r['snr'], r['snr_ci']):>22} {r['snr_excess']:>7.2f} {r['cos_to_ref']:>9.3f} "
+            f"{_ci(r['g_eff'], r['g_eff_ci']):>22} {_ci(r['g_eff_excess'], r['g_eff_excess_ci']):>24} "
+            f"{r['grad_norm']:>9.3g} {clip:>5}"
+        )
     rewards = list(next(iter(stats.values()))["rewards"])
     if rewards:
         print("\nper reward: lift ℓ (mean weight on the known relevant tokens) / E[w²] / predicted G = ℓ²/E[w²]")
@@ -265,12 +329,13 @@ def _run(args, argv, trainer, model_name: str) -> int:
     verifiers = task.verifiers()
     names = [v.name for v in verifiers]
     render = prompt_renderer(task, tok)
-    filtered = hasattr(task, "may_have_checked_spans")  # prompts that can have a checked span, as bench lift picks
+    filtered = implements(task, "checked_spans")  # prompts that can have a checked span, as bench lift picks
     candidates = task.load("train", 50 * args.groups if filtered else args.groups)
     examples = [e for e in candidates if not filtered or task.may_have_checked_spans(e)][: args.groups]
     if len(examples) < 2:
-        print(f"mrtpo bench signal: {len(examples)} usable {args.task} train examples; need at least 2",
-              file=sys.stderr)
+        print(
+            f"mrtpo bench signal: {len(examples)} usable {args.task} train examples; need at least 2", file=sys.stderr
+        )
         return 2
     model.eval()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -282,22 +347,36 @@ def _run(args, argv, trainer, model_name: str) -> int:
     step_norms = {label: [] for label in methods}
     evidences = [[v.evidence(ex) for v in verifiers] for ex in examples]
     timing = {"sample_and_replay": 0.0, "gradients": 0.0}
-    print(f"mrtpo bench signal: {args.task}, model {model_name}, "
-          f"{len(examples)} groups x {g_size}, {step_groups} groups per step, {size:,} "
-          f"trainable parameters, methods {', '.join(methods)}")
+    print(
+        f"mrtpo bench signal: {args.task}, model {model_name}, "
+        f"{len(examples)} groups x {g_size}, {step_groups} groups per step, {size:,} "
+        f"trainable parameters, methods {', '.join(methods)}"
+    )
     for start in range(0, len(examples), step_groups):
         chunk = range(start, min(start + step_groups, len(examples)))
         began = time.perf_counter()
         groups, relevant = [], []
         for i in chunk:
             decoys = choose_decoys([evidences[i], evidences[(i + 1) % len(examples)]])[0]
-            group = sample_and_weigh(model, tok, examples[i], verifiers, render, needed, g_size, max_new,
-                                     trainer.credit_config, kind=trainer.args.relevance, decoys=decoys,
-                                     temperature=trainer.temperature)
+            group = sample_and_weigh(
+                model,
+                tok,
+                examples[i],
+                verifiers,
+                render,
+                needed,
+                g_size,
+                max_new,
+                trainer.credit_config,
+                kind=trainer.args.relevance,
+                decoys=decoys,
+                temperature=trainer.temperature,
+            )
             groups.append(group)
             ids = [c[:n].tolist() for c, n in zip(group.completions, group.lengths.tolist())]
-            relevant.append(relevant_mask(task, examples[i], verifiers, group.texts, ids, group.completions.shape[1],
-                                         tok))
+            relevant.append(
+                relevant_mask(task, examples[i], verifiers, group.texts, ids, group.completions.shape[1], tok)
+            )
         timing["sample_and_replay"] += time.perf_counter() - began
         began = time.perf_counter()
         batch = step_batch(groups, relevant, g_size)
@@ -308,8 +387,15 @@ def _run(args, argv, trainer, model_name: str) -> int:
             step_sum, step_tokens = 0.0, 0
             for j, group in enumerate(groups):
                 rows = slice(j * g_size, (j + 1) * g_size)
-                grad = group_gradient(trainer, params, group.contexts[0], group.completions, group.lengths,
-                                      advantages[rows], sequence[rows])
+                grad = group_gradient(
+                    trainer,
+                    params,
+                    group.contexts[0],
+                    group.completions,
+                    group.lengths,
+                    advantages[rows],
+                    sequence[rows],
+                )
                 grads[label][start + j] = grad
                 tokens = int(group.lengths.sum())
                 step_sum, step_tokens = step_sum + grad * tokens, step_tokens + tokens
@@ -325,22 +411,48 @@ def _run(args, argv, trainer, model_name: str) -> int:
                     lifts[label][name_k].append(values)
             step_norms[label].append(float((step_sum / max(step_tokens, 1)).norm()))
         timing["gradients"] += time.perf_counter() - began
-        print(f"  groups {chunk.start + 1}-{chunk.stop} of {len(examples)} "
-              f"({timing['sample_and_replay']:.0f} s sampling and replay, {timing['gradients']:.0f} s gradients)")
+        print(
+            f"  groups {chunk.start + 1}-{chunk.stop} of {len(examples)} "
+            f"({timing['sample_and_replay']:.0f} s sampling and replay, {timing['gradients']:.0f} s gradients)"
+        )
     lifts = {m: {k: v for k, v in per.items() if v} for m, per in lifts.items()}
     stats = summarise(grads, lifts, step_norms, reference, args.bootstrap, trainer.args.max_grad_norm, args.seed)
     print_table(stats, reference)
     out = args.out or Path("runs/bench") / f"signal-{Path(args.task).stem}.json"
-    rows = [{"method": label, "base": methods[label][0],
-             "credit": {k: getattr(methods[label][1], k) for k in CREDIT_KEYS}, **stats[label]} for label in methods]
-    write_record(out, "gradient signal per credit method", "mrtpo bench signal " + " ".join(argv or sys.argv[1:]),
-                 rows, methods={r["method"]: {"snr": r["snr"], "cos_to_gdpo": r["cos_to_ref"], "g_eff": r["g_eff"],
-                                              "g_eff_excess": r["g_eff_excess"],
-                                              "rewards": {k: {"lift": v["lift"], "mean_w2": v["mean_w2"]}
-                                                          for k, v in r["rewards"].items()}} for r in rows},
-                 reference=reference, groups=len(examples), group_size=g_size, step_groups=step_groups,
-                 model=model_name, parameters=size, timing_s=timing,
-                 prompts=[e.id for e in examples], settings={k: str(v) for k, v in vars(args).items()})
+    rows = [
+        {
+            "method": label,
+            "base": methods[label][0],
+            "credit": {k: getattr(methods[label][1], k) for k in CREDIT_KEYS},
+            **stats[label],
+        }
+        for label in methods
+    ]
+    write_record(
+        out,
+        "gradient signal per credit method",
+        "mrtpo bench signal " + " ".join(argv or sys.argv[1:]),
+        rows,
+        methods={
+            r["method"]: {
+                "snr": r["snr"],
+                "cos_to_gdpo": r["cos_to_ref"],
+                "g_eff": r["g_eff"],
+                "g_eff_excess": r["g_eff_excess"],
+                "rewards": {k: {"lift": v["lift"], "mean_w2": v["mean_w2"]} for k, v in r["rewards"].items()},
+            }
+            for r in rows
+        },
+        reference=reference,
+        groups=len(examples),
+        group_size=g_size,
+        step_groups=step_groups,
+        model=model_name,
+        parameters=size,
+        timing_s=timing,
+        prompts=[e.id for e in examples],
+        settings={k: str(v) for k, v in vars(args).items()},
+    )
     return 0
 
 

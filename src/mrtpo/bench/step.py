@@ -46,23 +46,33 @@ TARGET_RATIO = 1.2
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mrtpo bench step", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="mrtpo bench step",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--task", default="gym-constraints", help="task to train on")
-    p.add_argument("--preset", default="gym",
-                   help="bench learn preset (configs/bench-learn-<name>.yaml) or a YAML file")
+    p.add_argument(
+        "--preset", default="gym", help="bench learn preset (configs/bench-learn-<name>.yaml) or a YAML file"
+    )
     p.add_argument("--methods", default="gdpo,mrtpo", help="comma-separated credit methods, timed one after the other")
     p.add_argument("--steps", type=int, default=150, help="training steps per method")
     p.add_argument("--seed", type=int, default=0, help="training seed")
-    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                   help="afterwards, profile this many more steps per method (0: no profile)")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="afterwards, profile this many more steps per method (0: no profile)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/bench/step.json"), help="JSON record")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="settings for every method's run")
     return p.parse_args(argv)
 
 
-def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 512, seconds: float = 0.5,
-                  clock=time.perf_counter) -> float:
+def matmul_gflops(
+    dtype: torch.dtype = torch.float32, size: int = 512, seconds: float = 0.5, clock=time.perf_counter
+) -> float:
     """This process's sustained matrix-multiply rate (GFLOP/s) on ``size``² operands in ``dtype``,
     per second of ``clock`` (wall time; ``time.process_time``: per second of this process's CPU time,
     which other work on a shared machine changes far less)."""
@@ -73,7 +83,7 @@ def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 512, seconds: 
     while clock() - start < seconds:
         a @ b
         count += 1
-    return 2 * size ** 3 * count / (clock() - start) / 1e9
+    return 2 * size**3 * count / (clock() - start) / 1e9
 
 
 def flops_per_token(model: Any, context: float) -> float:
@@ -118,12 +128,18 @@ class _StepTokens:
         def recording(inputs):
             self._replayed, self._cpu = 0.0, 0.0
             out = generate(inputs)
-            prompts = {tuple(ids[mask.bool()].tolist())
-                       for ids, mask in zip(out["prompt_ids"].cpu(), out["prompt_mask"].cpu())}
-            self.rows.append({"prompt": float(sum(map(len, prompts))), "sampled": float(out["completion_mask"].sum()),
-                              "replayed": self._replayed, "generation_cpu": self._cpu,
-                              "context": float(out["prompt_mask"].sum(-1).float().mean()
-                                               + out["completion_mask"].shape[1] / 2)})
+            prompts = {
+                tuple(ids[mask.bool()].tolist()) for ids, mask in zip(out["prompt_ids"].cpu(), out["prompt_mask"].cpu())
+            }
+            self.rows.append(
+                {
+                    "prompt": float(sum(map(len, prompts))),
+                    "sampled": float(out["completion_mask"].sum()),
+                    "replayed": self._replayed,
+                    "generation_cpu": self._cpu,
+                    "context": float(out["prompt_mask"].sum(-1).float().mean() + out["completion_mask"].shape[1] / 2),
+                }
+            )
             return out
 
         self._replayed = 0.0
@@ -145,9 +161,20 @@ def _config(args, method: str, output_dir: Path, steps: int):
     from mrtpo.config import load_config, parse_overrides
 
     train, _ = read_preset(resolve_preset(args.preset), args.task)
-    settings = {**train, "task": args.task, "method": method, "max_steps": steps, "seed": args.seed,
-                "output_dir": str(output_dir), "logging_steps": 1, "save_strategy": "no", "report": False,
-                "report_to": "none", "disable_tqdm": True, **parse_overrides(args.overrides)}
+    settings = {
+        **train,
+        "task": args.task,
+        "method": method,
+        "max_steps": steps,
+        "seed": args.seed,
+        "output_dir": str(output_dir),
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report": False,
+        "report_to": "none",
+        "disable_tqdm": True,
+        **parse_overrides(args.overrides),
+    }
     return load_config(overrides=settings)
 
 
@@ -180,8 +207,10 @@ def measure(args, method: str, rate: float, scratch: Path, cpu_rate: float | Non
     row: dict[str, Any] = {"method": method, "steps": len(logs)}
     timed = logs[1:] or logs  # the first step pays one-time costs
     for phase in (*PHASES, "step"):
-        values = [sum(r.get(f"time/{p}", 0.0) for p in PHASES) if phase == "step" else r.get(f"time/{phase}", 0.0)
-                  for r in timed]
+        values = [
+            sum(r.get(f"time/{p}", 0.0) for p in PHASES) if phase == "step" else r.get(f"time/{phase}", 0.0)
+            for r in timed
+        ]
         row[phase] = dict(zip(("q1", "median", "q3"), _quartiles(values)))
     counts = tokens.rows[1:] or tokens.rows
     floors = {"generation": [], "update": [], "replay": []}
@@ -229,8 +258,10 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     rate, cpu_rate = matmul_gflops(), matmul_gflops(clock=time.process_time)
     flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
-    print(f"mrtpo bench step: {args.task}, preset {args.preset}, {args.steps} steps per method, 1 thread; "
-          f"{rate:.0f} GFLOP/s fp32 matmul ({cpu_rate:.0f} per CPU second); CPU flags {' '.join(flags) or '-'}")
+    print(
+        f"mrtpo bench step: {args.task}, preset {args.preset}, {args.steps} steps per method, 1 thread; "
+        f"{rate:.0f} GFLOP/s fp32 matmul ({cpu_rate:.0f} per CPU second); CPU flags {' '.join(flags) or '-'}"
+    )
     scratch = Path(tempfile.mkdtemp(prefix="mrtpo-bench-step-"))
     rows, profiles = [], {}
     try:
@@ -246,21 +277,36 @@ def main(argv: list[str]) -> int:
         if "gdpo" in by_method:
             gdpo = by_method["gdpo"]["step"]["median"]
             verdicts["gdpo_step_s"] = gdpo
-            print(f"\ngdpo step {gdpo:.3f} s (target <= {TARGET_GDPO_STEP_S:.2f} s: "
-                  f"{'met' if gdpo <= TARGET_GDPO_STEP_S else 'not met'})")
+            print(
+                f"\ngdpo step {gdpo:.3f} s (target <= {TARGET_GDPO_STEP_S:.2f} s: "
+                f"{'met' if gdpo <= TARGET_GDPO_STEP_S else 'not met'})"
+            )
             if "mrtpo" in by_method:
                 ratio = by_method["mrtpo"]["step"]["median"] / gdpo
                 verdicts["mrtpo_over_gdpo"] = ratio
-                print(f"mrtpo / gdpo step {ratio:.2f}x (target <= {TARGET_RATIO:.1f}x: "
-                      f"{'met' if ratio <= TARGET_RATIO else 'not met'})")
+                print(
+                    f"mrtpo / gdpo step {ratio:.2f}x (target <= {TARGET_RATIO:.1f}x: "
+                    f"{'met' if ratio <= TARGET_RATIO else 'not met'})"
+                )
         if args.profile:
             for method in methods:
                 profiles[method] = profile(args, method, scratch)
-                print(f"\n--- {method}: Python frames by own time ({args.profile} steps) ---\n"
-                      f"{profiles[method]['python']}")
+                print(
+                    f"\n--- {method}: Python frames by own time ({args.profile} steps) ---\n"
+                    f"{profiles[method]['python']}"
+                )
                 print(f"--- {method}: torch operators ---\n{profiles[method]['torch']}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    write_record(args.out, "step", "mrtpo bench step " + " ".join(argv), rows, matmul_gflops=rate,
-                 matmul_gflops_cpu_time=cpu_rate, cpu_flags=flags, verdicts=verdicts, profiles=profiles)
+    write_record(
+        args.out,
+        "step",
+        "mrtpo bench step " + " ".join(argv),
+        rows,
+        matmul_gflops=rate,
+        matmul_gflops_cpu_time=cpu_rate,
+        cpu_flags=flags,
+        verdicts=verdicts,
+        profiles=profiles,
+    )
     return 0

@@ -18,8 +18,21 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 #: Calls that wait for the device: the value must reach the host.
-SYNC_CALLS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy", "cpu",
-                        "masked_select", "unique"})
+SYNC_CALLS = frozenset(
+    {
+        "item",
+        "tolist",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "nonzero",
+        "numpy",
+        "cpu",
+        "masked_select",
+        "unique",
+    }
+)
 
 
 def _name(func: Any) -> str:
@@ -65,8 +78,9 @@ class HostTraffic(TorchFunctionMode):
             self.calls += 1
             self.by_name[name] += 1
             target = _target_device(name, args, kwargs) if name in ("to", "tensor", "as_tensor") else None
-            if name in SYNC_CALLS or (name == "to" and target is not None and target.type == "cpu"
-                                      and args[0].device.type != "cpu"):
+            if name in SYNC_CALLS or (
+                name == "to" and target is not None and target.type == "cpu" and args[0].device.type != "cpu"
+            ):
                 self.syncs += 1
             elif target is not None:
                 self.to_device += 1

@@ -44,8 +44,7 @@ def _reward_weight_vector(reward_weights, num_rewards: int, like: Tensor) -> Ten
     weights = torch.as_tensor(reward_weights, dtype=torch.float64, device=like.device)
     if weights.shape != (num_rewards,):
         raise ValueError(
-            f"reward_weights must have one entry per reward ({num_rewards}), "
-            f"got shape {tuple(weights.shape)}"
+            f"reward_weights must have one entry per reward ({num_rewards}), got shape {tuple(weights.shape)}"
         )
     return weights
 
@@ -185,9 +184,7 @@ def token_advantages(
     if weights.dim() != 3 or weights.shape[:2] != (n, k):
         raise ValueError(f"weights must be (N={n}, K={k}, T), got shape {tuple(weights.shape)}")
     if mask.shape != (n, weights.shape[2]):
-        raise ValueError(
-            f"mask must be (N={n}, T={weights.shape[2]}), got shape {tuple(mask.shape)}"
-        )
+        raise ValueError(f"mask must be (N={n}, T={weights.shape[2]}), got shape {tuple(mask.shape)}")
     numerator = torch.einsum("nk,nkt->nt", coeff, weights.to(torch.float64))
     if batch_norm:
         numerator = batch_normalize(numerator, *batch_stats)

@@ -129,8 +129,13 @@ class CreditMethod:
 _METHODS: dict[str, CreditMethod] = {}
 
 
-def register_method(name: str, needs: str, description: str, sequence: str = "gdpo",
-                    transform: Callable[[Tensor, CreditBatch], Tensor] | None = None):
+def register_method(
+    name: str,
+    needs: str,
+    description: str,
+    sequence: str = "gdpo",
+    transform: Callable[[Tensor, CreditBatch], Tensor] | None = None,
+):
     """Decorator: register ``fn(batch, config) -> (N, T)`` under ``name``; ``sequence`` names the
     sequence advantage its token advantages average to (``"grpo"`` or ``"gdpo"``); ``transform``
     what the method does to the weights of its ``needs`` (:meth:`CreditMethod.weights` applies it)."""
@@ -248,8 +253,13 @@ def credit_weights(batch: CreditBatch, config: CreditConfig, needs: str) -> Tens
 
 def _weighted(batch: CreditBatch, config: CreditConfig, needs: str, weights: Tensor | None = None) -> Tensor:
     return token_advantages(
-        batch.rewards, batch.group_size, credit_weights(batch, config, needs) if weights is None else weights,
-        batch.mask, config.reward_weights, config.batch_norm, rows=batch.rows,
+        batch.rewards,
+        batch.group_size,
+        credit_weights(batch, config, needs) if weights is None else weights,
+        batch.mask,
+        config.reward_weights,
+        config.batch_norm,
+        rows=batch.rows,
     )
 
 
@@ -259,7 +269,7 @@ def _batch_generator(batch: CreditBatch) -> torch.Generator:
     rewards = torch.nan_to_num(batch.rewards.double(), nan=-7.0)
     key = float((rewards * torch.arange(1, rewards.numel() + 1, dtype=torch.float64).view_as(rewards)).sum())
     seed = int(abs(key) * 1000) ^ int(batch.mask.sum()) * 2654435761
-    return torch.Generator().manual_seed(seed % (2 ** 63))
+    return torch.Generator().manual_seed(seed % (2**63))
 
 
 def shuffle_within_responses(weights: Tensor, batch: CreditBatch) -> Tensor:
@@ -279,8 +289,7 @@ def swap_between_rewards(weights: Tensor, batch: CreditBatch) -> Tensor:
     return weights.roll(-1, dims=1)
 
 
-@register_method("grpo", needs="none", description="sum rewards, group-normalise; uniform over tokens",
-                 sequence="grpo")
+@register_method("grpo", needs="none", description="sum rewards, group-normalise; uniform over tokens", sequence="grpo")
 def _grpo(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _broadcast_sequence(get_method("grpo").sequence_advantages(batch, config), batch.mask)
 
@@ -305,26 +314,40 @@ def _entropy(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _weighted(batch, config, "entropy")
 
 
-@register_method("mrtpo-contrastive", needs="contrastive",
-                 description="MRTPO on each reward's map less its map under another prompt's evidence")
+@register_method(
+    "mrtpo-contrastive",
+    needs="contrastive",
+    description="MRTPO on each reward's map less its map under another prompt's evidence",
+)
 def _mrtpo_contrastive(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _weighted(batch, config, "contrastive")
 
 
-@register_method("oracle", needs="oracle",
-                 description="upper bound: each reward's advantage on the positions the task knows it reads")
+@register_method(
+    "oracle",
+    needs="oracle",
+    description="upper bound: each reward's advantage on the positions the task knows it reads",
+)
 def _oracle(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _weighted(batch, config, "oracle")
 
 
-@register_method("mrtpo-shuffled", needs="per_reward", transform=shuffle_within_responses,
-                 description="control: MRTPO's weights permuted at random within each response")
+@register_method(
+    "mrtpo-shuffled",
+    needs="per_reward",
+    transform=shuffle_within_responses,
+    description="control: MRTPO's weights permuted at random within each response",
+)
 def _mrtpo_shuffled(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _weighted(batch, config, "per_reward", get_method("mrtpo-shuffled").weights(batch, config))
 
 
-@register_method("mrtpo-swapped", needs="per_reward", transform=swap_between_rewards,
-                 description="control: each reward's advantage on the next reward's MRTPO map")
+@register_method(
+    "mrtpo-swapped",
+    needs="per_reward",
+    transform=swap_between_rewards,
+    description="control: each reward's advantage on the next reward's MRTPO map",
+)
 def _mrtpo_swapped(batch: CreditBatch, config: CreditConfig) -> Tensor:
     return _weighted(batch, config, "per_reward", get_method("mrtpo-swapped").weights(batch, config))
 

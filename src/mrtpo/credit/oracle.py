@@ -18,8 +18,14 @@ from torch import Tensor
 from mrtpo.credit.weights import relevance_weights
 
 
-def oracle_weights(known: Tensor, mask: Tensor, lam: float = 1.0, w_max: float | None = None,
-                   shuffled: Tensor | None = None, shuffle: float = 0.0) -> Tensor:
+def oracle_weights(
+    known: Tensor,
+    mask: Tensor,
+    lam: float = 1.0,
+    w_max: float | None = None,
+    shuffled: Tensor | None = None,
+    shuffle: float = 0.0,
+) -> Tensor:
     """``(N, K, T)`` float32 weights, mean 1 over each row's valid tokens (0 where ``mask`` is 0).
 
     ``known`` ``(N, K, T)``: 1 on each reward's known positions; ``mask`` ``(N, T)``: 1 on completion

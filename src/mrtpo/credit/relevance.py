@@ -48,6 +48,8 @@ def auto_chunk_size(vocab_size: int, chunk_bytes: int | None = None, device: tor
         on_cpu = device is None or torch.device(device).type == "cpu"
         chunk_bytes = DEFAULT_CHUNK_BYTES if on_cpu else DEFAULT_CHUNK_BYTES_ACCELERATOR
     return max(1, chunk_bytes // (4 * max(1, vocab_size)))
+
+
 # Log-probabilities are floored here so that -inf logits (masked vocabulary) never produce
 # NaN through (-inf) - (-inf); exp(-1e4) is exactly 0 in fp32, so no probability changes.
 _LOGP_FLOOR = -1e4
@@ -163,6 +165,7 @@ def _js_rows_fn(temperature: float, top_k: int | None) -> Callable[[Tensor, Tens
             logp, logq = _topk_buckets(logp, logq, top_k)
             probs_p, probs_q = logp.exp(), logq.exp()
         return _js_rows(logp, probs_p, logq, probs_q)
+
     return rows
 
 
@@ -170,6 +173,7 @@ def _kl_rows_fn(temperature: float) -> Callable[[Tensor, Tensor, Tensor | None],
     def rows(p: Tensor, q: Tensor, _: Tensor | None) -> Tensor:
         logp, probs = _log_probs_and_probs(p, temperature)
         return probs.mul_(logp.sub_(_log_probs(q, temperature))).sum(-1).clamp_min(0.0)
+
     return rows
 
 
@@ -178,6 +182,7 @@ def _log_ratio_rows_fn(temperature: float) -> Callable[[Tensor, Tensor, Tensor |
         logp, logq = _log_probs(p, temperature), _log_probs(q, temperature)
         ids = ids.unsqueeze(-1)
         return (logp.gather(-1, ids) - logq.gather(-1, ids)).abs().squeeze(-1)
+
     return rows
 
 
@@ -185,6 +190,7 @@ def _entropy_rows_fn(temperature: float) -> Callable[[Tensor, Tensor, Tensor | N
     def rows(p: Tensor, _q: Tensor, _e: Tensor | None) -> Tensor:
         logp, probs = _log_probs_and_probs(p, temperature)
         return (-(probs.mul_(logp)).sum(-1)).clamp_min(0.0)
+
     return rows
 
 
@@ -306,8 +312,10 @@ RELEVANCE_KINDS: tuple[str, ...] = ("js", "kl", "logratio")
 
 def _check_rows(logits: Tensor, rows: Tensor, mask: Tensor) -> None:
     if logits.dim() != 3 or mask.dim() != 2 or rows.shape != (mask.shape[0],) or mask.shape[1] != logits.shape[1]:
-        raise ValueError(f"need logits (R, T, V), rows (N,) and mask (N, T) with the same T; "
-                         f"got {tuple(logits.shape)}, {tuple(rows.shape)} and {tuple(mask.shape)}")
+        raise ValueError(
+            f"need logits (R, T, V), rows (N,) and mask (N, T) with the same T; "
+            f"got {tuple(logits.shape)}, {tuple(rows.shape)} and {tuple(mask.shape)}"
+        )
 
 
 def paired_relevance(
@@ -343,17 +351,28 @@ def paired_relevance(
         fn = _log_ratio_rows_fn(temperature)
     else:
         raise ValueError(f"unknown relevance {kind!r}; choose one of {RELEVANCE_KINDS}")
-    out = _chunked_positions(fn, logits, logits, valid, chunk_size, extra=token_ids if kind == "logratio" else None,
-                             rows_p=with_rows, rows_q=without_rows)
+    out = _chunked_positions(
+        fn,
+        logits,
+        logits,
+        valid,
+        chunk_size,
+        extra=token_ids if kind == "logratio" else None,
+        rows_p=with_rows,
+        rows_q=without_rows,
+    )
     return _distance(out) if kind == "js" else out
 
 
-def paired_entropy(logits: Tensor, rows: Tensor, mask: Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE,
-                   temperature: float = 1.0) -> Tensor:
+def paired_entropy(
+    logits: Tensor, rows: Tensor, mask: Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE, temperature: float = 1.0
+) -> Tensor:
     """:func:`entropy` of rows ``rows`` ``(N,)`` of ``logits`` ``(R, T, V)`` under ``mask`` ``(N, T)``."""
     _check_rows(logits, rows, mask)
-    return _chunked_positions(_entropy_rows_fn(temperature), logits, logits, mask.to(torch.bool), chunk_size,
-                              rows_p=rows, rows_q=rows)
+    return _chunked_positions(
+        _entropy_rows_fn(temperature), logits, logits, mask.to(torch.bool), chunk_size, rows_p=rows, rows_q=rows
+    )
+
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

@@ -56,8 +56,8 @@ def pair_mean(g: Tensor, counts: Tensor) -> Tensor:
     unbiased estimate of ``⟨μ_a, μ_b⟩`` from a (cross) Gram ``g`` ``(N, N)`` (a group never pairs with
     itself, nor with its own copies in a bootstrap resample). At ``counts = 1`` it is ``‖ḡ‖² − tr Σ̂ / N``."""
     c = counts.to(torch.float64)
-    pairs = c.sum() ** 2 - (c ** 2).sum()
-    return (c @ g @ c - (c ** 2 * g.diagonal()).sum()) / pairs
+    pairs = c.sum() ** 2 - (c**2).sum()
+    return (c @ g @ c - (c**2 * g.diagonal()).sum()) / pairs
 
 
 def snr(g: Tensor, counts: Tensor) -> float:
@@ -83,11 +83,12 @@ def cosine(g_ab: Tensor, g_aa: Tensor, g_bb: Tensor, counts: Tensor) -> float:
 
 def effective_gain(snr_method: float, snr_reference: float, cos: float) -> float:
     """``G_eff = (SNR / SNR_ref) · cos²``: the method's signal along the reference's direction, relative."""
-    return float("nan") if snr_reference == 0 else snr_method / snr_reference * cos ** 2
+    return float("nan") if snr_reference == 0 else snr_method / snr_reference * cos**2
 
 
-def signal_stats(grams: Mapping[str, Tensor], cross: Mapping[str, Tensor], reference: str,
-                 counts: Tensor) -> dict[str, dict[str, float]]:
+def signal_stats(
+    grams: Mapping[str, Tensor], cross: Mapping[str, Tensor], reference: str, counts: Tensor
+) -> dict[str, dict[str, float]]:
     """Per method: ``snr``, ``snr_excess``, ``cos_to_ref``, ``g_eff`` and ``g_eff_excess``.
 
     ``grams``: method -> its ``(N, N)`` Gram; ``cross``: method -> ``⟨g_method_i, g_reference_j⟩``
@@ -105,10 +106,14 @@ def signal_stats(grams: Mapping[str, Tensor], cross: Mapping[str, Tensor], refer
         cos = cosine(cross[method], g, grams[reference], counts)
         noise = float(trace_covariance(g, counts))
         along = float(pair_mean(cross[method], counts))
-        unbiased = (float("nan") if ref_pairs <= 0 or noise <= 0
-                    else along ** 2 * ref_noise / (ref_pairs ** 2 * noise))
-        out[method] = {"snr": 1.0 + excess, "snr_excess": excess, "cos_to_ref": cos,
-                       "g_eff": effective_gain(1.0 + excess, 1.0 + ref_excess, cos), "g_eff_excess": unbiased}
+        unbiased = float("nan") if ref_pairs <= 0 or noise <= 0 else along**2 * ref_noise / (ref_pairs**2 * noise)
+        out[method] = {
+            "snr": 1.0 + excess,
+            "snr_excess": excess,
+            "cos_to_ref": cos,
+            "g_eff": effective_gain(1.0 + excess, 1.0 + ref_excess, cos),
+            "g_eff_excess": unbiased,
+        }
     return out
 
 
@@ -129,8 +134,9 @@ def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[f
     return float(torch.quantile(ordered, tail)), float(torch.quantile(ordered, 1.0 - tail))
 
 
-def bootstrap_interval(statistic: Callable[[Tensor], float], n: int, resamples: int = 1000, level: float = 0.95,
-                       seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(
+    statistic: Callable[[Tensor], float], n: int, resamples: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
     """Percentile interval of ``statistic(counts)`` over ``resamples`` bootstrap resamples of ``n`` groups
     (``counts`` ``(n,)``: how often each group was drawn); non-finite draws are left out."""
     return percentile_interval([statistic(c) for c in bootstrap_counts(n, resamples, seed)], level)
@@ -153,13 +159,15 @@ def lift_and_mean_square(weights: Tensor, relevant: Tensor, mask: Tensor) -> tup
 
 def predicted_gain(lift: float, mean_square: float) -> float:
     """``G = ℓ² / E[w²]``."""
-    return float("nan") if mean_square <= 0 else lift ** 2 / mean_square
+    return float("nan") if mean_square <= 0 else lift**2 / mean_square
 
 
 def group_sums(values: Sequence[Sequence[float]]) -> tuple[Tensor, Tensor]:
     """``(sums, sizes)`` ``(N,)`` float64 of each group's list of values (what :func:`pooled` weighs)."""
-    return (torch.tensor([sum(v) for v in values], dtype=torch.float64),
-            torch.tensor([len(v) for v in values], dtype=torch.float64))
+    return (
+        torch.tensor([sum(v) for v in values], dtype=torch.float64),
+        torch.tensor([len(v) for v in values], dtype=torch.float64),
+    )
 
 
 def pooled(sums: Tensor, sizes: Tensor, counts: Tensor) -> float:
@@ -168,6 +176,22 @@ def pooled(sums: Tensor, sizes: Tensor, counts: Tensor) -> float:
     return float(counts.to(torch.float64) @ sums) / n if n else float("nan")
 
 
-__all__ = ["bootstrap_counts", "bootstrap_interval", "cosine", "cross_gram", "effective_gain", "gram", "group_sums",
-           "lift_and_mean_square", "mean_sq_norm", "pair_mean", "percentile_interval", "pooled", "predicted_gain",
-           "signal_stats", "snr", "snr_excess", "trace_covariance"]
+__all__ = [
+    "bootstrap_counts",
+    "bootstrap_interval",
+    "cosine",
+    "cross_gram",
+    "effective_gain",
+    "gram",
+    "group_sums",
+    "lift_and_mean_square",
+    "mean_sq_norm",
+    "pair_mean",
+    "percentile_interval",
+    "pooled",
+    "predicted_gain",
+    "signal_stats",
+    "snr",
+    "snr_excess",
+    "trace_covariance",
+]

@@ -57,9 +57,7 @@ def _cap_and_renormalize(weights: Tensor, mask: Tensor, w_max: float) -> Tensor:
 
 def _check(distance: Tensor, mask: Tensor, lam: float, w_max: float | None) -> None:
     if distance.shape != mask.shape or distance.dim() != 2:
-        raise ValueError(
-            f"distance and mask must both be (B, T), got {tuple(distance.shape)} and {tuple(mask.shape)}"
-        )
+        raise ValueError(f"distance and mask must both be (B, T), got {tuple(distance.shape)} and {tuple(mask.shape)}")
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lam must be in [0, 1], got {lam}")
     if w_max is not None and w_max < 1.0:
@@ -101,8 +99,9 @@ def rank_profile(n: int, power: float = 1.0) -> Tensor:
     return f / f.mean()
 
 
-def rank_weights(distance: Tensor, mask: Tensor, lam: float = 1.0, power: float = 1.0,
-                 w_max: float | None = None) -> Tensor:
+def rank_weights(
+    distance: Tensor, mask: Tensor, lam: float = 1.0, power: float = 1.0, w_max: float | None = None
+) -> Tensor:
     """Weights ``(B, T)`` from each token's rank of relevance within its response: mean 1 per row.
 
     The ``n`` valid tokens of a row, sorted by ``distance`` ``(B, T)``, get :func:`rank_profile`
@@ -162,5 +161,14 @@ def batch_mean_weights(distance: Tensor, mask: Tensor, lam: float = 1.0, w_max: 
     return weights.to(torch.float32)
 
 
-__all__ = ["MIN_MEAN_RELEVANCE", "MODERATE_LAM", "MODERATE_W_MAX", "WEIGHTINGS", "WEIGHT_MEANS", "batch_mean_weights",
-           "rank_profile", "rank_weights", "relevance_weights"]
+__all__ = [
+    "MIN_MEAN_RELEVANCE",
+    "MODERATE_LAM",
+    "MODERATE_W_MAX",
+    "WEIGHTINGS",
+    "WEIGHT_MEANS",
+    "batch_mean_weights",
+    "rank_profile",
+    "rank_weights",
+    "relevance_weights",
+]

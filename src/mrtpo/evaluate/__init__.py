@@ -84,8 +84,13 @@ class Generation:
 
     def record(self) -> dict[str, Any]:
         """The outputs.jsonl line (everything but the token ids)."""
-        return {"id": self.id, "prompt": self.prompt, "output": self.output,
-                "new_tokens": self.new_tokens, "stopped": self.stopped}
+        return {
+            "id": self.id,
+            "prompt": self.prompt,
+            "output": self.output,
+            "new_tokens": self.new_tokens,
+            "stopped": self.stopped,
+        }
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -210,8 +215,9 @@ def generate(
 
 def default_max_new_tokens(task: Any) -> int:
     """The task's own ``max_new_tokens`` if it declares one, else this module's default for its name."""
-    return getattr(task, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS.get(getattr(task, "name", ""),
-                                                                              FALLBACK_MAX_NEW_TOKENS)
+    return getattr(task, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS.get(
+        getattr(task, "name", ""), FALLBACK_MAX_NEW_TOKENS
+    )
 
 
 def _evaluate_timed(model, tokenizer, task, examples, batch_size, max_new_tokens, progress):
@@ -236,8 +242,11 @@ def _evaluate_timed(model, tokenizer, task, examples, batch_size, max_new_tokens
     t1 = time.perf_counter()
     import inspect
 
-    ids = {"completion_ids": [g.token_ids for g in gens]} if "completion_ids" in inspect.signature(
-        task.evaluate).parameters else {}  # a task file's rewards get the token ids, as in training
+    ids = (
+        {"completion_ids": [g.token_ids for g in gens]}
+        if "completion_ids" in inspect.signature(task.evaluate).parameters
+        else {}
+    )  # a task file's rewards get the token ids, as in training
     metrics = task.evaluate([g.output for g in gens], examples, **ids)
     return metrics, gens, t1 - t0, time.perf_counter() - t1
 
@@ -333,26 +342,37 @@ def _parser() -> argparse.ArgumentParser:
         "deterministic). Writes results.json, results.md and outputs.jsonl.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--task", required=True,
-                   help=f"one of {', '.join(TASK_NAMES)}, a task a plugin registers (MRTPO_PLUGINS), or a task file: "
-                        "path/to/task.yaml (or a training config with a task: block), scored by the mean of each of "
-                        "its rewards and their weighted sum, reward_total")
+    p.add_argument(
+        "--task",
+        required=True,
+        help=f"one of {', '.join(TASK_NAMES)}, a task a plugin registers (MRTPO_PLUGINS), or a task file: "
+        "path/to/task.yaml (or a training config with a task: block), scored by the mean of each of "
+        "its rewards and their weighted sum, reward_total",
+    )
     p.add_argument(
         "--model",
         default="qwen2.5-coder-0.5b",
         help="preset name, .gguf file, folder saved with save_pretrained, training checkpoint "
         "(checkpoint-N, or its parent: the highest N is used), PEFT adapter folder, or hub id",
     )
-    p.add_argument("--base-model", default=None,
-                   help="base model of a PEFT adapter (default: the one its adapter_config.json names)")
+    p.add_argument(
+        "--base-model",
+        default=None,
+        help="base model of a PEFT adapter (default: the one its adapter_config.json names)",
+    )
     p.add_argument("--split", default="eval", help=f"split to score. Splits: {_split_help()}")
     p.add_argument("--limit", type=int, default=None, help="score only the first N examples of the split")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation cap (default: per task, {defaults})")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16", help="model dtype")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
-    p.add_argument("--output-dir", "--out", dest="out", metavar="DIR",
-                   help="output folder (default: runs/eval/<task>-<split>-<model>-<time>)")
+    p.add_argument(
+        "--output-dir",
+        "--out",
+        dest="out",
+        metavar="DIR",
+        help="output folder (default: runs/eval/<task>-<split>-<model>-<time>)",
+    )
     p.add_argument("--seed", type=int, default=0, help="torch seed (greedy decoding does not use it; recorded)")
     p.add_argument("--hub", action="store_true", help="allow the model hub (without it: HF_HUB_OFFLINE=1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -412,15 +432,24 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         "elapsed_s": round(finished - started, 3),
         "command": shlex.join(["mrtpo", "eval", *argv]),
     }
-    out = Path(args.out) if args.out else Path("runs") / "eval" / (
-        f"{args.task}-{args.split}-{_slug(Path(args.model).name or args.model)}-"
-        f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    out = (
+        Path(args.out)
+        if args.out
+        else Path("runs")
+        / "eval"
+        / (
+            f"{args.task}-{args.split}-{_slug(Path(args.model).name or args.model)}-"
+            f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        )
     )
     write_results(out, metrics, run, gens)
     headline = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     print(json.dumps(headline, indent=2))
-    print(f"wrote {out}/results.json, results.md, outputs.jsonl ({run['elapsed_s']:.1f} s, "
-          f"{run['generation']['tokens_per_s']:.1f} tok/s)", file=sys.stderr)
+    print(
+        f"wrote {out}/results.json, results.md, outputs.jsonl ({run['elapsed_s']:.1f} s, "
+        f"{run['generation']['tokens_per_s']:.1f} tok/s)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -441,4 +470,3 @@ def main(argv: list[str]) -> int:
     except EvalUserError as err:
         print(f"mrtpo eval: error: {err}", file=sys.stderr)
         return 2
-

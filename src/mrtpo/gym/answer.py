@@ -73,8 +73,13 @@ def make_example(rng: random.Random, example_id: str, split: str, *, num_items: 
 
 
 def format_ok(words: Words) -> bool:
-    return (len(words) >= 2 and words[0] == OPEN and words[-1] == CLOSE
-            and len(occurrences(words, OPEN)) == 1 and len(occurrences(words, CLOSE)) == 1)
+    return (
+        len(words) >= 2
+        and words[0] == OPEN
+        and words[-1] == CLOSE
+        and len(occurrences(words, OPEN)) == 1
+        and len(occurrences(words, CLOSE)) == 1
+    )
 
 
 def valid_ok(words: Words, items: list[str]) -> bool:
@@ -110,17 +115,32 @@ def verifiers() -> list[GymVerifier]:
         return [at] if at is not None else [i for i, _ in answer_words(words)]
 
     return [
-        GymVerifier("format", lambda w, ex: float(format_ok(w)),
-                    lambda ex: Evidence(FORMAT_CLAUSE, "in_prompt"), fmt_positions),
-        GymVerifier("valid", lambda w, ex: float(valid_ok(w, ex.gold["items"])),
-                    lambda ex: Evidence(ex.gold["items_text"], "in_prompt"), valid_positions),
-        GymVerifier("result", lambda w, ex: float(first_wrong(w, ex.gold["answer"]) is None),
-                    lambda ex: Evidence(" ".join(ex.gold["answer"]), "privileged"), result_positions),
+        GymVerifier(
+            "format", lambda w, ex: float(format_ok(w)), lambda ex: Evidence(FORMAT_CLAUSE, "in_prompt"), fmt_positions
+        ),
+        GymVerifier(
+            "valid",
+            lambda w, ex: float(valid_ok(w, ex.gold["items"])),
+            lambda ex: Evidence(ex.gold["items_text"], "in_prompt"),
+            valid_positions,
+        ),
+        GymVerifier(
+            "result",
+            lambda w, ex: float(first_wrong(w, ex.gold["answer"]) is None),
+            lambda ex: Evidence(" ".join(ex.gold["answer"]), "privileged"),
+            result_positions,
+        ),
     ]
 
 
-def demonstrate(example: Example, rng: random.Random, p_follow: float, show_format: bool = True,
-                show_items: bool = True, reference: bool = False) -> Words:
+def demonstrate(
+    example: Example,
+    rng: random.Random,
+    p_follow: float,
+    show_format: bool = True,
+    show_items: bool = True,
+    reference: bool = False,
+) -> Words:
     """The noisy demonstrator. Each of format / valid / result is kept with probability ``p_follow``;
     a hidden clause is not followed (no wrapper without the format clause, guesses without the items);
     with the gold answer shown as a reference (``reference``) the answer is always right."""
@@ -159,5 +179,18 @@ def hidden_messages(example: Example, show_format: bool, show_items: bool) -> li
     return user_prompt(gold["items_text"] if show_items else "", _op_text(gold), FORMAT_CLAUSE if show_format else "")
 
 
-__all__ = ["CLOSE", "FORMAT_CLAUSE", "OPEN", "OPS", "answer_words", "demonstrate", "first_wrong", "format_ok",
-           "gold_answer", "hidden_messages", "make_example", "valid_ok", "verifiers"]
+__all__ = [
+    "CLOSE",
+    "FORMAT_CLAUSE",
+    "OPEN",
+    "OPS",
+    "answer_words",
+    "demonstrate",
+    "first_wrong",
+    "format_ok",
+    "gold_answer",
+    "hidden_messages",
+    "make_example",
+    "valid_ok",
+    "verifiers",
+]

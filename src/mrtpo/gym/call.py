@@ -28,8 +28,11 @@ from mrtpo.verifiers import Evidence, Example
 OPEN, CLOSE = "<call>", "</call>"
 FORMAT_CLAUSE = f"format : wrap call in {OPEN} {CLOSE} ."
 TYPES: dict[str, tuple[str, ...]] = {
-    "place": CATEGORIES["place"], "food": CATEGORIES["food"], "animal": CATEGORIES["animal"],
-    "color": CATEGORIES["color"], "day": ("mon", "tue", "wed", "thu", "fri"),
+    "place": CATEGORIES["place"],
+    "food": CATEGORIES["food"],
+    "animal": CATEGORIES["animal"],
+    "color": CATEGORIES["color"],
+    "day": ("mon", "tue", "wed", "thu", "fri"),
     "number": tuple(str(i) for i in range(1, 10)),
 }
 #: name -> [(argument, type)]; the type sets of any two functions differ, so the values name the function.
@@ -119,24 +122,31 @@ def make_example(rng: random.Random, example_id: str, split: str, *, num_tools: 
     schema = " ; ".join(f"{f} ( {' , '.join(k for k, _ in FUNCTIONS[f])} )" for f in listed)
     values = [v for _, v in args]
     rng.shuffle(values)
-    gold = {"name": name, "args": args, "tools_text": f"tools : {schema} .",
-            "call": " ".join(call_words(name, args))}
+    gold = {"name": name, "args": args, "tools_text": f"tools : {schema} .", "call": " ".join(call_words(name, args))}
     messages = user_prompt(gold["tools_text"], f"request : {' '.join(values)} .", FORMAT_CLAUSE)
     return Example(id=example_id, split=split, messages=messages, gold=gold)
 
 
 def verifiers() -> list[GymVerifier]:
     return [
-        GymVerifier("format", lambda w, ex: float(format_ok(w)), lambda ex: Evidence(FORMAT_CLAUSE, "in_prompt"),
-                    lambda w, ex: [0, max(len(w) - 1, 0), *occurrences(w, OPEN), *occurrences(w, CLOSE)]),
-        GymVerifier("correctness", lambda w, ex: correctness(w, ex.gold),
-                    lambda ex: Evidence(ex.gold["call"], "privileged"),
-                    lambda w, ex: correctness_positions(w, ex.gold)),
+        GymVerifier(
+            "format",
+            lambda w, ex: float(format_ok(w)),
+            lambda ex: Evidence(FORMAT_CLAUSE, "in_prompt"),
+            lambda w, ex: [0, max(len(w) - 1, 0), *occurrences(w, OPEN), *occurrences(w, CLOSE)],
+        ),
+        GymVerifier(
+            "correctness",
+            lambda w, ex: correctness(w, ex.gold),
+            lambda ex: Evidence(ex.gold["call"], "privileged"),
+            lambda w, ex: correctness_positions(w, ex.gold),
+        ),
     ]
 
 
-def demonstrate(example: Example, rng: random.Random, p_follow: float, show_format: bool = True,
-                reference: bool = False) -> Words:
+def demonstrate(
+    example: Example, rng: random.Random, p_follow: float, show_format: bool = True, reference: bool = False
+) -> Words:
     """The noisy demonstrator: the name right with probability ``(1 + p_follow) / 2``, each value with
     ``p_follow`` (else another value of its type), the wrapper with ``p_follow`` when the format clause
     is shown; with the gold call shown as a reference everything but the wrapper is right."""
@@ -146,8 +156,9 @@ def demonstrate(example: Example, rng: random.Random, p_follow: float, show_form
         if rng.random() >= (1 + p_follow) / 2:
             name = rng.choice([f for f in FUNCTIONS if f != name])
         types = dict(FUNCTIONS[gold["name"]])
-        args = [(k, v if rng.random() < p_follow else rng.choice([x for x in TYPES[types[k]] if x != v]))
-                for k, v in args]
+        args = [
+            (k, v if rng.random() < p_follow else rng.choice([x for x in TYPES[types[k]] if x != v])) for k, v in args
+        ]
     words = call_words(name, args)
     if show_format and rng.random() < p_follow:
         return [OPEN, *words, CLOSE]
@@ -161,5 +172,18 @@ def hidden_messages(example: Example) -> list[dict]:
     return user_prompt(content.replace(" " + FORMAT_CLAUSE, ""))
 
 
-__all__ = ["CLOSE", "FORMAT_CLAUSE", "FUNCTIONS", "OPEN", "call_words", "correctness", "correctness_positions",
-           "demonstrate", "format_ok", "hidden_messages", "make_example", "parse_call", "verifiers"]
+__all__ = [
+    "CLOSE",
+    "FORMAT_CLAUSE",
+    "FUNCTIONS",
+    "OPEN",
+    "call_words",
+    "correctness",
+    "correctness_positions",
+    "demonstrate",
+    "format_ok",
+    "hidden_messages",
+    "make_example",
+    "parse_call",
+    "verifiers",
+]

@@ -97,8 +97,16 @@ def _topic_text(topic: list[str], length: int) -> str:
     return f"topic : {' '.join(topic)} . about {length} words ."
 
 
-def make_example(rng: random.Random, example_id: str, split: str, *, num_clauses: int, length: int,
-                 kinds: tuple[str, ...] = KINDS, overlap: bool = False) -> Example:
+def make_example(
+    rng: random.Random,
+    example_id: str,
+    split: str,
+    *,
+    num_clauses: int,
+    length: int,
+    kinds: tuple[str, ...] = KINDS,
+    overlap: bool = False,
+) -> Example:
     """One prompt: a 3-word topic and ``num_clauses`` clauses of distinct kinds over distinct words.
 
     ``length``: the typical response length in words (a ``length`` clause asks for length ± 2).
@@ -127,20 +135,24 @@ def make_example(rng: random.Random, example_id: str, split: str, *, num_clauses
     for c in clauses:
         c["text"] = clause_text(c["kind"], c["args"])
     messages = user_prompt(_topic_text(topic, length), "rules :", *(c["text"] for c in clauses))
-    return Example(id=example_id, split=split, messages=messages,
-                   gold={"topic": topic, "clauses": clauses, "length": length})
+    return Example(
+        id=example_id, split=split, messages=messages, gold={"topic": topic, "clauses": clauses, "length": length}
+    )
 
 
 def verifiers(num_clauses: int, overlap: bool = False) -> list[GymVerifier]:
     """One verifier per clause slot (``c1`` ..), or the two rewards of the ``overlap`` control."""
     if overlap:
+
         def at_least(n: int):
             return lambda words, ex: float(len(occurrences(words, ex.gold["clauses"][0]["args"][0])) >= n)
 
         evidence = lambda ex: Evidence(ex.gold["clauses"][0]["text"], "in_prompt")  # noqa: E731
         positions = lambda words, ex: occurrences(words, ex.gold["clauses"][0]["args"][0])  # noqa: E731
-        return [GymVerifier("once", at_least(1), evidence, positions),
-                GymVerifier("twice", at_least(2), evidence, positions)]
+        return [
+            GymVerifier("once", at_least(1), evidence, positions),
+            GymVerifier("twice", at_least(2), evidence, positions),
+        ]
 
     def slot(i: int) -> GymVerifier:
         def score(words: Words, ex: Example) -> float | None:
@@ -213,8 +225,13 @@ def _met(clause: dict, words: Words) -> bool:
     return satisfied(clause["kind"], clause["args"], words)
 
 
-def demonstrate(example: Example, rng: random.Random, p_follow: float, visible: list[bool] | None = None,
-                follow: list[bool] | None = None) -> Words:
+def demonstrate(
+    example: Example,
+    rng: random.Random,
+    p_follow: float,
+    visible: list[bool] | None = None,
+    follow: list[bool] | None = None,
+) -> Words:
     """The noisy demonstrator: each visible clause followed with probability ``p_follow``, else broken
     (``follow``: which to follow, given instead).
 
@@ -241,5 +258,13 @@ def without_clauses(example: Example, hidden: list[bool]) -> list[dict[str, Any]
     return user_prompt(_topic_text(gold["topic"], gold["length"]), "rules :", *kept)
 
 
-__all__ = ["KINDS", "clause_text", "demonstrate", "make_example", "relevant_positions", "satisfied",
-           "verifiers", "without_clauses"]
+__all__ = [
+    "KINDS",
+    "clause_text",
+    "demonstrate",
+    "make_example",
+    "relevant_positions",
+    "satisfied",
+    "verifiers",
+    "without_clauses",
+]

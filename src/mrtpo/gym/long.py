@@ -113,5 +113,16 @@ def without_rules(example: Example, hidden: list[bool]) -> list[dict]:
     return user_prompt(*_head(example.gold["length"]), *kept)
 
 
-__all__ = ["FILLER", "KINDS", "LENGTHS", "LENGTH_JITTER", "MAX_RULES", "MIN_RULES", "demonstrate", "draft",
-           "make_example", "verifiers", "without_rules"]
+__all__ = [
+    "FILLER",
+    "KINDS",
+    "LENGTHS",
+    "LENGTH_JITTER",
+    "MAX_RULES",
+    "MIN_RULES",
+    "demonstrate",
+    "draft",
+    "make_example",
+    "verifiers",
+    "without_rules",
+]

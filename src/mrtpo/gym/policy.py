@@ -62,10 +62,17 @@ def build_model(spec: PolicySpec, tokenizer):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=2,
-        max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
@@ -74,8 +81,9 @@ def build_model(spec: PolicySpec, tokenizer):
     return model
 
 
-def demonstration_batch(task, tokenizer, rng: random.Random,
-                        size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def demonstration_batch(
+    task, tokenizer, rng: random.Random, size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``size`` fresh demonstrations as ``(input_ids, attention_mask, labels)``, each ``(B, L)``,
     right-padded; labels are -100 except on the response words and the end-of-turn token."""
     rows = []
@@ -93,7 +101,7 @@ def demonstration_batch(task, tokenizer, rng: random.Random,
     for i, (p, r) in enumerate(rows):
         n = len(p) + len(r)
         ids[i, :n] = torch.tensor(p + r)
-        labels[i, len(p):n] = torch.tensor(r)
+        labels[i, len(p) : n] = torch.tensor(r)
         mask[i, :n] = 1
     return ids, mask, labels
 
@@ -102,9 +110,7 @@ def warm_start(task, spec: PolicySpec, out: Path, log=logger.info) -> dict[str, 
     """Train ``spec``'s model on the task's demonstrations and save it (with its tokenizer) to ``out``."""
     tokenizer = gym_tokenizer()
     model = build_model(spec, tokenizer)
-    init = getattr(task, "warm_init", None)
-    if init is not None:  # a family that starts from another family's warm start (gym-long)
-        init(model, spec)
+    task.warm_init(model, spec)  # gym-long starts from another family's warm start
     model.train()
     rng = random.Random(f"warm/{spec.seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
@@ -127,9 +133,14 @@ def warm_start(task, spec: PolicySpec, out: Path, log=logger.info) -> dict[str, 
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    record = {"task": task.cache_key(), "spec": asdict(spec), "recipe": RECIPE_VERSION,
-              "seconds": round(time.perf_counter() - start, 1), "final_loss": sum(losses[-50:]) / min(50, len(losses)),
-              "parameters": sum(p.numel() for p in model.parameters())}
+    record = {
+        "task": task.cache_key(),
+        "spec": asdict(spec),
+        "recipe": RECIPE_VERSION,
+        "seconds": round(time.perf_counter() - start, 1),
+        "final_loss": sum(losses[-50:]) / min(50, len(losses)),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     (out / "gym_warm_start.json").write_text(json.dumps(record, indent=2))
     return record
 
@@ -171,8 +182,10 @@ def ensure_warm_start(task, cache_dir: str | Path | None = None, log=logger.info
             tmp.rename(entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        log(f"[gym] warm start done in {record['seconds']} s ({record['parameters'] / 1e6:.2f} M parameters, "
-            f"final loss {record['final_loss']:.3f})")
+        log(
+            f"[gym] warm start done in {record['seconds']} s ({record['parameters'] / 1e6:.2f} M parameters, "
+            f"final loss {record['final_loss']:.3f})"
+        )
     return entry
 
 
@@ -187,5 +200,14 @@ def load_warm_start(task, dtype: torch.dtype | None = None, cache_dir: str | Pat
     return model, tokenizer
 
 
-__all__ = ["RECIPE_VERSION", "PolicySpec", "build_model", "demonstration_batch", "ensure_warm_start",
-           "load_warm_start", "policy_spec", "warm_start", "warm_start_dir"]
+__all__ = [
+    "RECIPE_VERSION",
+    "PolicySpec",
+    "build_model",
+    "demonstration_batch",
+    "ensure_warm_start",
+    "load_warm_start",
+    "policy_spec",
+    "warm_start",
+    "warm_start_dir",
+]

@@ -38,9 +38,11 @@ def _manifest(folder: Path, pinned: str | None) -> dict[str, Any]:
         return {"policies": {}}
     digest = _sha256(path)
     if digest != pinned:
-        raise ShippedPolicyError(f"{path} has sha256 {digest}, but mrtpo.gym.shipped pins {pinned}: the shipped "
-                                 "policies were changed; reinstall mrtpo, or rebuild them with "
-                                 "scripts/build_gym_policies.py and pin the printed sha256")
+        raise ShippedPolicyError(
+            f"{path} has sha256 {digest}, but mrtpo.gym.shipped pins {pinned}: the shipped "
+            "policies were changed; reinstall mrtpo, or rebuild them with "
+            "scripts/build_gym_policies.py and pin the printed sha256"
+        )
     return json.loads(path.read_text())
 
 
@@ -62,8 +64,10 @@ def shipped_policy(task, folder: Path | None = None) -> Path | None:
     for file, digest in entry["files"].items():
         path = root / name / file
         if not path.is_file() or _sha256(path) != digest:
-            raise ShippedPolicyError(f"shipped gym policy file {path} is missing or differs from its pinned "
-                                     f"sha256 {digest[:12]}…; reinstall mrtpo")
+            raise ShippedPolicyError(
+                f"shipped gym policy file {path} is missing or differs from its pinned "
+                f"sha256 {digest[:12]}…; reinstall mrtpo"
+            )
     return root / name
 
 
@@ -78,5 +82,11 @@ def load_shipped(folder: Path, dtype=None):
     return model, tokenizer
 
 
-__all__ = ["POLICIES_DIR", "SHIPPED_MANIFEST_SHA256", "ShippedPolicyError", "load_shipped", "shipped_policies",
-           "shipped_policy"]
+__all__ = [
+    "POLICIES_DIR",
+    "SHIPPED_MANIFEST_SHA256",
+    "ShippedPolicyError",
+    "load_shipped",
+    "shipped_policies",
+    "shipped_policy",
+]

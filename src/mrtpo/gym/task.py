@@ -67,8 +67,10 @@ class GymTask(Task):
     def __init__(self, **settings: Any) -> None:
         unknown = set(settings) - set(GymSettings.__dataclass_fields__)
         if unknown:
-            raise TypeError(f"unknown {self.name} setting(s) {sorted(unknown)}; "
-                            f"known: {', '.join(GymSettings.__dataclass_fields__)}")
+            raise TypeError(
+                f"unknown {self.name} setting(s) {sorted(unknown)}; "
+                f"known: {', '.join(GymSettings.__dataclass_fields__)}"
+            )
         self.settings = GymSettings(**settings)
         if not 0.0 <= self.settings.p_follow <= 1.0:
             raise ValueError(f"p_follow must be in [0, 1], got {self.settings.p_follow}")
@@ -122,8 +124,9 @@ class GymTask(Task):
             raise ValueError(f"{len(outputs)} outputs for {len(examples)} examples")
         scores = [[v(o, ex) for v in self._verifiers] for o, ex in zip(outputs, examples)]
         n = max(len(scores), 1)
-        metrics: dict[str, Any] = {f"reward/{v.name}": sum(s[i] or 0.0 for s in scores) / n
-                                   for i, v in enumerate(self._verifiers)}
+        metrics: dict[str, Any] = {
+            f"reward/{v.name}": sum(s[i] or 0.0 for s in scores) / n for i, v in enumerate(self._verifiers)
+        }
         metrics["reward_total"] = sum(sum(x or 0.0 for x in s) for s in scores) / n
         metrics["all_correct"] = sum(all(x == 1.0 for x in s) for s in scores) / n
         metrics["n"] = len(scores)
@@ -155,6 +158,9 @@ class GymTask(Task):
             if spans:
                 out.append((name, f"{self.name}/{name}", spans))
         return out
+
+    def warm_init(self, model, spec) -> None:
+        """Initialise ``model`` before its warm start (:func:`mrtpo.gym.policy.warm_start`); default: as built."""
 
     def policy(self, dtype=None):
         """``(model, tokenizer)``: this task's warm-started tiny policy: the shipped one where its settings
@@ -194,12 +200,19 @@ class ConstraintsTask(GymTask):
     def warm_example(self, rng):
         """A prompt with 1..6 clauses and a typical length of 8, 16 or 32 words (the sweeps' range)."""
         num_clauses = 1 if self.overlap else rng.randint(1, WARM_MAX_CLAUSES)
-        return constraints.make_example(rng, "warm", "warm", num_clauses=num_clauses,
-                                        length=rng.choice(WARM_LENGTHS), overlap=self.overlap)
+        return constraints.make_example(
+            rng, "warm", "warm", num_clauses=num_clauses, length=rng.choice(WARM_LENGTHS), overlap=self.overlap
+        )
 
     def _make_example(self, rng, example_id, split):
-        return constraints.make_example(rng, example_id, split, num_clauses=self.settings.num_clauses,
-                                        length=self.settings.length, overlap=self.overlap)
+        return constraints.make_example(
+            rng,
+            example_id,
+            split,
+            num_clauses=self.settings.num_clauses,
+            length=self.settings.length,
+            overlap=self.overlap,
+        )
 
     def demonstration(self, example, rng):
         n = len(example.gold["clauses"])
@@ -287,8 +300,9 @@ class TradeoffTask(ConstraintsTask):
         return self._make_example(rng, "warm", "warm")
 
     def _make_example(self, rng, example_id, split):
-        return constraints.make_example(rng, example_id, split, num_clauses=2, length=self.settings.length,
-                                        kinds=TRADEOFF_KINDS)
+        return constraints.make_example(
+            rng, example_id, split, num_clauses=2, length=self.settings.length, kinds=TRADEOFF_KINDS
+        )
 
     def demonstration(self, example, rng):
         hidden = [False, False]
@@ -296,8 +310,9 @@ class TradeoffTask(ConstraintsTask):
             hidden[rng.randrange(2)] = True
         one = rng.randrange(2)
         follow = [True, True] if rng.random() < TRADEOFF_BOTH else [i == one for i in range(2)]
-        words = constraints.demonstrate(example, rng, self.settings.p_follow, visible=[not h for h in hidden],
-                                        follow=follow)
+        words = constraints.demonstrate(
+            example, rng, self.settings.p_follow, visible=[not h for h in hidden], follow=follow
+        )
         return constraints.without_clauses(example, hidden), words
 
 
@@ -338,12 +353,14 @@ class LongTask(GymTask):
         return example.gold["clauses"][int(name[1:]) - 1]["kind"]
 
     def warm_example(self, rng):
-        return long.make_example(rng, "warm", "warm", num_rules=rng.randint(long.MIN_RULES, long.MAX_RULES),
-                                 length=rng.choice(long.LENGTHS))
+        return long.make_example(
+            rng, "warm", "warm", num_rules=rng.randint(long.MIN_RULES, long.MAX_RULES), length=rng.choice(long.LENGTHS)
+        )
 
     def _make_example(self, rng, example_id, split):
-        return long.make_example(rng, example_id, split, num_rules=self.settings.num_clauses,
-                                 length=self.settings.length)
+        return long.make_example(
+            rng, example_id, split, num_rules=self.settings.num_clauses, length=self.settings.length
+        )
 
     def demonstration(self, example, rng):
         n = len(example.gold["clauses"])
@@ -363,5 +380,18 @@ TRADEOFF_BOTH = 0.1
 #: Every gym family, in the order of :data:`mrtpo.tasks.GYM_TASK_NAMES` (which registers them by ``name``).
 FAMILIES: tuple[type[GymTask], ...] = (ConstraintsTask, AnswerTask, CallTask, OverlapTask, TradeoffTask, LongTask)
 
-__all__ = ["FAMILIES", "HELDOUT_METRICS", "SPLITS", "TRADEOFF_BOTH", "TRADEOFF_KINDS", "AnswerTask", "CallTask",
-           "ConstraintsTask", "GymSettings", "GymTask", "LongTask", "OverlapTask", "TradeoffTask"]
+__all__ = [
+    "FAMILIES",
+    "HELDOUT_METRICS",
+    "SPLITS",
+    "TRADEOFF_BOTH",
+    "TRADEOFF_KINDS",
+    "AnswerTask",
+    "CallTask",
+    "ConstraintsTask",
+    "GymSettings",
+    "GymTask",
+    "LongTask",
+    "OverlapTask",
+    "TradeoffTask",
+]

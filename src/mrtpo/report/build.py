@@ -44,20 +44,37 @@ def summarise(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     steps = step_records(records)
     names = reward_names(records)
     rows = []
-    for label, key in [*((n, f"rewards/{n}/mean") for n in names), ("total reward", "reward"),
-                       ("completion length", "completions/mean_length"), ("loss", "loss")]:
+    for label, key in [
+        *((n, f"rewards/{n}/mean") for n in names),
+        ("total reward", "reward"),
+        ("completion length", "completions/mean_length"),
+        ("loss", "loss"),
+    ]:
         s, v = series(records, key)
         if v:
-            rows.append({"name": label, "first": v[0], "last": v[-1], "mean": sum(v) / len(v),
-                         "first_step": s[0], "last_step": s[-1]})
+            rows.append(
+                {
+                    "name": label,
+                    "first": v[0],
+                    "last": v[-1],
+                    "mean": sum(v) / len(v),
+                    "first_step": s[0],
+                    "last_step": s[-1],
+                }
+            )
     times = {}
     for phase in (*TIME_PHASES, "step_time"):
         key = phase if phase == "step_time" else f"time/{phase}"
         _, v = series(records, key)
         if v:
             times[phase] = sum(v)
-    return {"steps": len(steps), "last_step": int(steps[-1]["step"]) if steps else 0, "rewards": names,
-            "rows": rows, "time_total": times}
+    return {
+        "steps": len(steps),
+        "last_step": int(steps[-1]["step"]) if steps else 0,
+        "rewards": names,
+        "rows": rows,
+        "time_total": times,
+    }
 
 
 def _examples(config: Mapping[str, Any], ids: set[str]) -> dict[str, Any]:
@@ -91,9 +108,11 @@ def _top_tokens(record: Mapping[str, Any], name: str, k: int = 3) -> str:
     return ", ".join(f"{record['tokens'][i]!r}×{w[i]:.2f}" for i in order)
 
 
-_TABLE_CSS = ("table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 10px;"
-              "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
-              ".missing{color:#a33;text-align:left}")
+_TABLE_CSS = (
+    "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 10px;"
+    "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+    ".missing{color:#a33;text-align:left}"
+)
 
 
 def _read_config(out: Path) -> dict[str, Any]:
@@ -112,8 +131,10 @@ def _pool_note(config: Mapping[str, Any], steps: int) -> str:
     per_step = int(config.get("per_device_train_batch_size") or 0) // max(1, int(config.get("num_generations") or 1))
     if not size or not per_step or not steps or steps * per_step <= size:
         return ""
-    return (f"the first {size} train prompts, each revisited about {steps * per_step / size:.0f} times: a rising "
-            "reward shows the loop learns on these prompts, not that it generalises")
+    return (
+        f"the first {size} train prompts, each revisited about {steps * per_step / size:.0f} times: a rising "
+        "reward shows the loop learns on these prompts, not that it generalises"
+    )
 
 
 def _trend(records: Sequence[Mapping[str, Any]]) -> str:
@@ -122,8 +143,10 @@ def _trend(records: Sequence[Mapping[str, Any]]) -> str:
     if len(values) < 4:
         return ""
     k = len(values) // 4
-    return (f"{sum(values[:k]) / k:.3f} over the first {k} steps → {sum(values[-k:]) / k:.3f} over the last {k} "
-            f"(of {len(values)})")
+    return (
+        f"{sum(values[:k]) / k:.3f} over the first {k} steps → {sum(values[-k:]) / k:.3f} over the last {k} "
+        f"(of {len(values)})"
+    )
 
 
 def _summary_rows(records: Sequence[Mapping[str, Any]], rule) -> list[dict[str, Any]]:
@@ -173,12 +196,21 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
     examples = _examples(config, wanted)
 
     lora = f"LoRA r={config['lora_r']}" if config.get("lora_r") else "full fine-tuning"
-    info = [("task", task), ("method", method), ("model", f"{model} ({lora})"),
-            ("steps logged", f"{summary['steps']} (last step {summary['last_step']})"),
-            ("batch", (f"{config.get('per_device_train_batch_size', '?')} completions/device/step, "
-                       f"{config.get('num_generations', '?')} per prompt, "
-                       f"max {config.get('max_completion_length', '?')} tokens")),
-            ("learning rate", str(config.get("learning_rate", "?")))]
+    info = [
+        ("task", task),
+        ("method", method),
+        ("model", f"{model} ({lora})"),
+        ("steps logged", f"{summary['steps']} (last step {summary['last_step']})"),
+        (
+            "batch",
+            (
+                f"{config.get('per_device_train_batch_size', '?')} completions/device/step, "
+                f"{config.get('num_generations', '?')} per prompt, "
+                f"max {config.get('max_completion_length', '?')} tokens"
+            ),
+        ),
+        ("learning rate", str(config.get("learning_rate", "?"))),
+    ]
     pool = _pool_note(config, summary["steps"])
     if pool:
         info.append(("prompt pool", pool))
@@ -191,8 +223,13 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
         total = f"{t['step_time']:.0f} s in steps" if "step_time" in t else ""
         info.append(("time", "; ".join(x for x in (total, split) if x)))
     if rule.binary:
-        info.append(("bands", f"{', '.join(sorted(rule.binary))}: {{0,1}} rewards, each step's mean a proportion with "
-                              "its 95% Wilson interval; other curves: the 95% interval of the mean"))
+        info.append(
+            (
+                "bands",
+                f"{', '.join(sorted(rule.binary))}: {{0,1}} rewards, each step's mean a proportion with "
+                "its 95% Wilson interval; other curves: the 95% interval of the mean",
+            )
+        )
     held_out = eval_rows(records)
     no_eval = "No held-out evaluation in metrics.jsonl (the run had eval_strategy: no, or no eval_size)."
     diag = diagnostic_rows(records, config)
@@ -201,19 +238,27 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
     md = [f"# Training report: {title}", ""]
     md += [f"- **{k}**: {v}" for k, v in info]
     md += ["", "| metric | first step | last step | last step 95% interval | mean |", "|---|---:|---:|---|---:|"]
-    md += [f"| {r['name']}{' ({0,1})' if r.get('kind') else ''} | {_fmt(r['first'])} | {_fmt(r['last'])} | "
-           f"{r.get('interval', '')} | {_fmt(r['mean'])} |" for r in rows]
+    md += [
+        f"| {r['name']}{' ({0,1})' if r.get('kind') else ''} | {_fmt(r['first'])} | {_fmt(r['last'])} | "
+        f"{r.get('interval', '')} | {_fmt(r['mean'])} |"
+        for r in rows
+    ]
     md += ["", "## Held-out evaluation", ""]
     if held_out:
         md += ["| metric | first eval | last eval |", "|---|---:|---:|"]
-        md += [f"| {r['name']} | {_fmt(r['first'])} (step {r['first_step']}) | "
-               f"{_fmt(r['last'])} (step {r['last_step']}) |" for r in held_out]
+        md += [
+            f"| {r['name']} | {_fmt(r['first'])} (step {r['first_step']}) | {_fmt(r['last'])} (step {r['last_step']}) |"
+            for r in held_out
+        ]
     else:
         md.append(no_eval)
     md += ["", "## Diagnostics", "", "| panel | curve | key | first | last | mean |", "|---|---|---|---:|---:|---:|"]
     for r in diag:
-        values = (f"{_fmt(r['first'])} | {_fmt(r['last'])} | {_fmt(r['mean'])}" if not r["missing"]
-                  else f"{_missing_note(r)} | | ")
+        values = (
+            f"{_fmt(r['first'])} | {_fmt(r['last'])} | {_fmt(r['mean'])}"
+            if not r["missing"]
+            else f"{_missing_note(r)} | | "
+        )
         md.append(f"| {r['panel']} | {r['label']} | `{r['key']}` | {values} |")
     md += ["", "![training curves](curves.png)", "", "## Sampled completions", ""]
     if not picked:
@@ -226,52 +271,80 @@ def make_report(output_dir: str | os.PathLike, samples: int = 2) -> dict[str, Pa
             fence = "`" * max(3, _longest_backtick_run(text) + 1)  # a completion may hold ``` itself
             md += [f"**{rec.get('example_id')}** · {rewards}", "", f"{fence}text", text, fence, ""]
             flat = no_spread(rec, records)
-            md += [f"- `{n}` skipped (no spread)" if n in flat else f"- `{n}` credit peaks on {_top_tokens(rec, n)}"
-                   for n in rec["weights"]]
+            md += [
+                f"- `{n}` skipped (no spread)" if n in flat else f"- `{n}` credit peaks on {_top_tokens(rec, n)}"
+                for n in rec["weights"]
+            ]
             md.append("")
-    md += [("Files: `config.yaml` (settings), `metrics.jsonl` (per step), `credit_samples.jsonl` (token weights), "
-            "`checkpoint-N/` (resumable checkpoints), `report.html` (token-credit view)."), ""]
+    md += [
+        (
+            "Files: `config.yaml` (settings), `metrics.jsonl` (per step), `credit_samples.jsonl` (token weights), "
+            "`checkpoint-N/` (resumable checkpoints), `report.html` (token-credit view)."
+        ),
+        "",
+    ]
     md_path = out / "report.md"
     md_path.write_text("\n".join(md))
 
     # --- html -----------------------------------------------------------------------------
     png = base64.b64encode(curves.read_bytes()).decode("ascii")
     esc = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
-             f"<style>{CSS}{_TABLE_CSS}</style></head><body>",
-             f"<h1>Training report: {esc(title)}</h1><ul>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
+        f"<style>{CSS}{_TABLE_CSS}</style></head><body>",
+        f"<h1>Training report: {esc(title)}</h1><ul>",
+    ]
     parts += [f"<li><b>{esc(k)}</b>: {esc(str(v))}</li>" for k, v in info]
-    parts.append("</ul><table><tr><th>metric</th><th>first step</th><th>last step</th>"
-                 "<th>last step 95% interval</th><th>mean</th></tr>")
-    parts += [f"<tr><td>{esc(r['name'])}{' ({0,1})' if r.get('kind') else ''}</td><td>{_fmt(r['first'])}</td>"
-              f"<td>{_fmt(r['last'])}</td><td>{esc(r.get('interval', ''))}</td><td>{_fmt(r['mean'])}</td></tr>"
-              for r in rows]
+    parts.append(
+        "</ul><table><tr><th>metric</th><th>first step</th><th>last step</th>"
+        "<th>last step 95% interval</th><th>mean</th></tr>"
+    )
+    parts += [
+        f"<tr><td>{esc(r['name'])}{' ({0,1})' if r.get('kind') else ''}</td><td>{_fmt(r['first'])}</td>"
+        f"<td>{_fmt(r['last'])}</td><td>{esc(r.get('interval', ''))}</td><td>{_fmt(r['mean'])}</td></tr>"
+        for r in rows
+    ]
     parts.append("</table><h2>Held-out evaluation</h2>")
     if held_out:
         parts.append("<table><tr><th>metric</th><th>first eval</th><th>last eval</th></tr>")
-        parts += [f"<tr><td>{esc(r['name'])}</td><td>{_fmt(r['first'])} (step {r['first_step']})</td>"
-                  f"<td>{_fmt(r['last'])} (step {r['last_step']})</td></tr>" for r in held_out]
+        parts += [
+            f"<tr><td>{esc(r['name'])}</td><td>{_fmt(r['first'])} (step {r['first_step']})</td>"
+            f"<td>{_fmt(r['last'])} (step {r['last_step']})</td></tr>"
+            for r in held_out
+        ]
         parts.append("</table>")
     else:
         parts.append(f"<p class='missing'>{esc(no_eval)}</p>")
-    parts.append("<h2>Diagnostics</h2><table><tr><th>panel</th><th>curve</th><th>key</th><th>first</th>"
-                 "<th>last</th><th>mean</th></tr>")
+    parts.append(
+        "<h2>Diagnostics</h2><table><tr><th>panel</th><th>curve</th><th>key</th><th>first</th>"
+        "<th>last</th><th>mean</th></tr>"
+    )
     for r in diag:
-        cells = (f"<td>{_fmt(r['first'])}</td><td>{_fmt(r['last'])}</td><td>{_fmt(r['mean'])}</td>"
-                 if not r["missing"] else f"<td colspan='3' class='missing'>{esc(_missing_note(r))}</td>")
-        parts.append(f"<tr><td>{esc(r['panel'])}</td><td>{esc(r['label'])}</td><td><code>{esc(r['key'])}</code></td>"
-                     f"{cells}</tr>")
+        cells = (
+            f"<td>{_fmt(r['first'])}</td><td>{_fmt(r['last'])}</td><td>{_fmt(r['mean'])}</td>"
+            if not r["missing"]
+            else f"<td colspan='3' class='missing'>{esc(_missing_note(r))}</td>"
+        )
+        parts.append(
+            f"<tr><td>{esc(r['panel'])}</td><td>{esc(r['label'])}</td><td><code>{esc(r['key'])}</code></td>{cells}</tr>"
+        )
     parts.append("</table>")
     parts.append(f"<h2>Curves</h2><img alt='training curves' src='data:image/png;base64,{png}'>")
-    parts.append("<h2>Where each reward's credit went</h2><p>Sampled completions of the same prompt at the first "
-                 "and the last step (steps numbered as in the curves). Each row shades the tokens by that reward's "
-                 "weight (hover for weight and relevance); the last row is the per-token advantage.</p>")
+    parts.append(
+        "<h2>Where each reward's credit went</h2><p>Sampled completions of the same prompt at the first "
+        "and the last step (steps numbered as in the curves). Each row shades the tokens by that reward's "
+        "weight (hover for weight and relevance); the last row is the per-token advantage.</p>"
+    )
     if not picked:
         parts.append("<p>No credit samples were recorded (credit_samples=0, or no step ran).</p>")
     for i, shown in enumerate(picked):
         parts.append(f"<h3>step {shown.step}</h3>" + (f"<p class='notes'>{esc(shown.note)}</p>" if shown.note else ""))
-        parts.append(render_cards([sample_view(r, examples.get(str(r.get("example_id"))), no_spread(r, records))
-                                   for r in shown.records], legend=i == 0))
+        parts.append(
+            render_cards(
+                [sample_view(r, examples.get(str(r.get("example_id"))), no_spread(r, records)) for r in shown.records],
+                legend=i == 0,
+            )
+        )
     parts.append("</body></html>")
     html_path = out / "report.html"
     html_path.write_text("".join(parts))

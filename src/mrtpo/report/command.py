@@ -24,27 +24,45 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="mrtpo report", formatter_class=HelpFormatter,
+        prog="mrtpo report",
+        formatter_class=HelpFormatter,
         description="Rebuild report.html / report.md / curves.png of a run folder from its metrics.jsonl "
-                    "(after a crash, or a run with report: false); or, with --compare, draw several runs "
-                    "(e.g. GDPO and MRTPO) on one figure.")
+        "(after a crash, or a run with report: false); or, with --compare, draw several runs "
+        "(e.g. GDPO and MRTPO) on one figure.",
+    )
     p.add_argument("run", metavar="RUN", nargs="?", help="run folder of mrtpo train")
-    p.add_argument("--samples", type=int, metavar="N",
-                   help="completions of one prompt shown at the first and the last step "
-                        "(default: the run's report_samples, else 2)")
-    p.add_argument("--compare", nargs="+", metavar="RUN",
-                   help="two or more run folders drawn on one figure: each reward, total and held-out reward, "
-                        "length, loss, grad norm, time; one colour per run, the legend naming its method")
-    p.add_argument("--output", "-o", metavar="PATH", default="compare.html",
-                   help="with --compare: the HTML page to write; the PNG goes beside it (x.html and x.png)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        metavar="N",
+        help="completions of one prompt shown at the first and the last step "
+        "(default: the run's report_samples, else 2)",
+    )
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="RUN",
+        help="two or more run folders drawn on one figure: each reward, total and held-out reward, "
+        "length, loss, grad norm, time; one colour per run, the legend naming its method",
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        metavar="PATH",
+        default="compare.html",
+        help="with --compare: the HTML page to write; the PNG goes beside it (x.html and x.png)",
+    )
     return p
 
 
 def _compare(ns) -> int:
     missing = [r for r in ns.compare if not (Path(r) / "metrics.jsonl").is_file()]
     if missing:
-        print(f"mrtpo report: error: {', '.join(missing)} holds no metrics.jsonl (not a run folder of mrtpo "
-              "train, or no step was logged)", file=sys.stderr)
+        print(
+            f"mrtpo report: error: {', '.join(missing)} holds no metrics.jsonl (not a run folder of mrtpo "
+            "train, or no step was logged)",
+            file=sys.stderr,
+        )
         return 2
     from mrtpo.report.compare import compare_runs
 
@@ -76,13 +94,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return _compare(ns)
     if ns.run is None:
-        print("mrtpo report: error: name a run folder (mrtpo report RUN) or runs to compare (--compare RUN RUN...)",
-              file=sys.stderr)
+        print(
+            "mrtpo report: error: name a run folder (mrtpo report RUN) or runs to compare (--compare RUN RUN...)",
+            file=sys.stderr,
+        )
         return 2
     run = Path(ns.run)
     if not (run / "metrics.jsonl").is_file():
-        print(f"mrtpo report: error: {run} holds no metrics.jsonl (not a run folder of mrtpo train, or no step "
-              "was logged)", file=sys.stderr)
+        print(
+            f"mrtpo report: error: {run} holds no metrics.jsonl (not a run folder of mrtpo train, or no step "
+            "was logged)",
+            file=sys.stderr,
+        )
         return 2
     if ns.samples is not None and ns.samples < 0:
         print("mrtpo report: error: --samples must be >= 0", file=sys.stderr)

@@ -79,8 +79,10 @@ def compare_runs(runs: Sequence[str | os.PathLike], output: str | os.PathLike = 
     configs = [_config(f) for f in folders]
     labels = run_labels(folders, configs)
     records = {label: load_metrics(f / "metrics.jsonl") for label, f in zip(labels, folders)}
-    rules = {label: band_rule(records[label], config, load_credit_samples(f / "credit_samples.jsonl"))
-             for label, f, config in zip(labels, folders, configs)}
+    rules = {
+        label: band_rule(records[label], config, load_credit_samples(f / "credit_samples.jsonl"))
+        for label, f, config in zip(labels, folders, configs)
+    }
     tasks = sorted({str(c.get("task", "?")) for c in configs})
     title = f"{' / '.join(tasks)}: " + " vs ".join(labels)
     html_path, png_path = output_paths(output)
@@ -89,24 +91,35 @@ def compare_runs(runs: Sequence[str | os.PathLike], output: str | os.PathLike = 
     for recs in records.values():
         names += [n for n in reward_names(recs) if n not in names]
     esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in ["run", "folder", "task", "model", "steps", *names,
-                                                    "held-out total reward (last eval)"])
+    head = "".join(
+        f"<th>{esc(h)}</th>"
+        for h in ["run", "folder", "task", "model", "steps", *names, "held-out total reward (last eval)"]
+    )
     rows = []
     for label, folder, config in zip(labels, folders, configs):
         recs, rule = records[label], rules[label]
         steps, values = eval_series(recs, "eval_reward")
         held = f"{values[-1]:.3f} (step {steps[-1]})" if steps else "no held-out evaluation"
-        cells = [label, str(folder), str(config.get("task", "?")), str(config.get("model", "?")),
-                 str(len(step_records(recs))), *(_last_cell(recs, n, rule) for n in names), held]
+        cells = [
+            label,
+            str(folder),
+            str(config.get("task", "?")),
+            str(config.get("model", "?")),
+            str(len(step_records(recs))),
+            *(_last_cell(recs, n, rule) for n in names),
+            held,
+        ]
         rows.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     png = base64.b64encode(png_path.read_bytes()).decode("ascii")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>"
-            "body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ddd;padding:3px 10px;text-align:left;font-size:13px}img{max-width:100%}"
-            f"</style></head><body><h1>{esc(title)}</h1><p>Each reward's last logged step: mean [95% interval]; "
-            "{0,1} rewards are proportions with Wilson intervals. Curves: one colour per run.</p>"
-            f"<table><tr>{head}</tr>{''.join(rows)}</table>"
-            f"<img alt='runs compared' src='data:image/png;base64,{png}'></body></html>")
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ddd;padding:3px 10px;text-align:left;font-size:13px}img{max-width:100%}"
+        f"</style></head><body><h1>{esc(title)}</h1><p>Each reward's last logged step: mean [95% interval]; "
+        "{0,1} rewards are proportions with Wilson intervals. Curves: one colour per run.</p>"
+        f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+        f"<img alt='runs compared' src='data:image/png;base64,{png}'></body></html>"
+    )
     html_path.parent.mkdir(parents=True, exist_ok=True)
     html_path.write_text(page)
     return {"html": html_path, "png": png_path}

@@ -25,8 +25,21 @@ from mrtpo.report.stats import binary_count, config_count, is_binary, reward_ban
 
 TIME_PHASES = ("generation", "scoring", "replay", "update")
 
-__all__ = ["TIME_PHASES", "BandRule", "band_rule", "draw_mean", "empty", "load_metrics", "plot_run", "plot_runs",
-           "Records", "reward_names", "series", "step_records"]
+__all__ = [
+    "TIME_PHASES",
+    "BandRule",
+    "band_rule",
+    "draw_mean",
+    "empty",
+    "load_metrics",
+    "plot_run",
+    "plot_runs",
+    "Records",
+    "reward_names",
+    "series",
+    "step_records",
+]
+
 
 def _pyplot():
     import matplotlib
@@ -46,16 +59,20 @@ class BandRule:
     n_hint: int | None = None
 
 
-def band_rule(records: Records, config: Mapping[str, Any] | None = None,
-              samples: Sequence[Mapping[str, Any]] = ()) -> BandRule:
+def band_rule(
+    records: Records, config: Mapping[str, Any] | None = None, samples: Sequence[Mapping[str, Any]] = ()
+) -> BandRule:
     """Which rewards are ``{0,1}`` (:func:`mrtpo.report.stats.is_binary` over the logged steps and the
     credit samples' values) and the run's ``n`` per step: the most common ``n`` those rewards' steps
     imply (it counts every process), else :func:`mrtpo.report.stats.config_count`."""
     binary, counts = set(), Counter()
     steps = step_records(records)
     for name in reward_names(records):
-        pairs = [(float(r[f"rewards/{name}/mean"]), float(r[f"rewards/{name}/std"])) for r in steps
-                 if _finite(r.get(f"rewards/{name}/mean")) and _finite(r.get(f"rewards/{name}/std"))]
+        pairs = [
+            (float(r[f"rewards/{name}/mean"]), float(r[f"rewards/{name}/std"]))
+            for r in steps
+            if _finite(r.get(f"rewards/{name}/mean")) and _finite(r.get(f"rewards/{name}/std"))
+        ]
         values = [s.get("rewards", {}).get(name) for s in samples]
         if pairs and is_binary(pairs, values):
             binary.add(name)
@@ -77,8 +94,17 @@ def _paired(records: Records, mean_key: str, std_key: str | None) -> tuple[list[
     return steps, means, ([sd[s] for s in steps] if all(s in sd for s in steps) else None)
 
 
-def draw_mean(ax, records: Records, mean_key: str, std_key: str | None = None, *, binary: bool = False,
-              n_hint: int | None = None, label: str | None = None, colour=None) -> str | None:
+def draw_mean(
+    ax,
+    records: Records,
+    mean_key: str,
+    std_key: str | None = None,
+    *,
+    binary: bool = False,
+    n_hint: int | None = None,
+    label: str | None = None,
+    colour=None,
+) -> str | None:
     """Plot ``mean_key`` per step with its 95 % band (:func:`mrtpo.report.stats.reward_bands`);
     return the band's description, or None when the key was never logged."""
     steps, means, stds = _paired(records, mean_key, std_key)
@@ -120,8 +146,14 @@ def empty(ax, text="not in metrics.jsonl"):
 def _save(plt, fig, out: str | os.PathLike) -> Path:
     # fixed margins in inches (tight_layout measures every label: seconds on a busy CPU)
     height = fig.get_figheight()
-    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.5 / height, top=1 - (1.0 if fig.get_suptitle() else 0.6)
-                        / height, hspace=0.6, wspace=0.25)
+    fig.subplots_adjust(
+        left=0.06,
+        right=0.98,
+        bottom=0.5 / height,
+        top=1 - (1.0 if fig.get_suptitle() else 0.6) / height,
+        hspace=0.6,
+        wspace=0.25,
+    )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with plt.rc_context({"svg.fonttype": "none"}):  # an SVG keeps its labels as text
@@ -145,8 +177,13 @@ def _time_bars(ax, records: Records) -> None:
         empty(ax)
 
 
-def plot_run(metrics: str | os.PathLike | Records, out: str | os.PathLike, title: str | None = None,
-             rule: BandRule | None = None, config: Mapping[str, Any] | None = None) -> Path:
+def plot_run(
+    metrics: str | os.PathLike | Records,
+    out: str | os.PathLike,
+    title: str | None = None,
+    rule: BandRule | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path:
     """One run's curves as a PNG at ``out``; ``metrics`` is a metrics.jsonl, run folder or records.
 
     Panels: each reward (``{0,1}`` rewards as proportions with Wilson intervals, others with the 95 %
@@ -160,25 +197,41 @@ def plot_run(metrics: str | os.PathLike | Records, out: str | os.PathLike, title
     rule = rule or band_rule(records, config)
     plt = _pyplot()
     names = reward_names(records)
-    credit = [(t, suffix) for t, suffix in (("credit share of the top 10% tokens", "top10_share"),
-                                            ("mean relevance (replay distance)", "relevance_mean"))
-              if any(series(records, f"credit/{n}/{suffix}")[0] for n in names)]
+    credit = [
+        (t, suffix)
+        for t, suffix in (
+            ("credit share of the top 10% tokens", "top10_share"),
+            ("mean relevance (replay distance)", "relevance_mean"),
+        )
+        if any(series(records, f"credit/{n}/{suffix}")[0] for n in names)
+    ]
     panels = diagnostics(records, config)
     fig, axes = _grid(plt, len(names) + 5 + len(credit) + len(panels), title)
     it = iter(axes)
     for n in names:
         ax = next(it)
-        what = draw_mean(ax, records, f"rewards/{n}/mean", f"rewards/{n}/std", binary=n in rule.binary,
-                         n_hint=rule.n_hint)
+        what = draw_mean(
+            ax, records, f"rewards/{n}/mean", f"rewards/{n}/std", binary=n in rule.binary, n_hint=rule.n_hint
+        )
         _steps_axis(ax, f"reward: {n}\n{what or ''}")
         if what is None:
             empty(ax)
         flat = series(records, f"skip/zero_spread/{n}")[1]
         if flat and all(v == 1.0 for v in flat):
-            ax.text(0.5, 0.2, "no spread in any group at any step:\nskipped, it moved no token", ha="center",
-                    transform=ax.transAxes, color="#a33", fontsize=8)
-    for t, key, std_key in (("total reward", "reward", "reward_std"), ("completion length (tokens)",
-                            "completions/mean_length", None), ("loss", "loss", None)):
+            ax.text(
+                0.5,
+                0.2,
+                "no spread in any group at any step:\nskipped, it moved no token",
+                ha="center",
+                transform=ax.transAxes,
+                color="#a33",
+                fontsize=8,
+            )
+    for t, key, std_key in (
+        ("total reward", "reward", "reward_std"),
+        ("completion length (tokens)", "completions/mean_length", None),
+        ("loss", "loss", None),
+    ):
         ax = next(it)
         what = draw_mean(ax, records, key, std_key, n_hint=rule.n_hint)
         _steps_axis(ax, t + (f"\n{what}" if std_key and what else ""))
@@ -204,16 +257,21 @@ def plot_run(metrics: str | os.PathLike | Records, out: str | os.PathLike, title
     return _save(plt, fig, out)
 
 
-def plot_runs(runs: Mapping[str, str | os.PathLike | Records], out: str | os.PathLike,
-              title: str | None = None, rules: Mapping[str, BandRule] | None = None) -> Path:
+def plot_runs(
+    runs: Mapping[str, str | os.PathLike | Records],
+    out: str | os.PathLike,
+    title: str | None = None,
+    rules: Mapping[str, BandRule] | None = None,
+) -> Path:
     """Several runs overlaid (one colour per label, the legend naming each): each reward (with the
     bands of :func:`draw_mean`), total reward, held-out total reward, length, loss, grad norm, and
     the mean time per step of each phase as grouped bars. ``runs``: label → metrics source;
     ``rules``: label → :class:`BandRule` (default: :func:`band_rule` of that run's metrics)."""
     from mrtpo.report.held_out import eval_series
 
-    loaded = {label: load_metrics(src) if isinstance(src, (str, os.PathLike)) else list(src)
-              for label, src in runs.items()}
+    loaded = {
+        label: load_metrics(src) if isinstance(src, (str, os.PathLike)) else list(src) for label, src in runs.items()
+    }
     if not loaded:
         raise ValueError("plot_runs needs at least one run")
     rules = {label: (rules or {}).get(label) or band_rule(rec) for label, rec in loaded.items()}
@@ -224,13 +282,26 @@ def plot_runs(runs: Mapping[str, str | os.PathLike | Records], out: str | os.Pat
     fig, axes = _grid(plt, len(names) + 6, title)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     keys = [(f"reward: {n}", f"rewards/{n}/mean", f"rewards/{n}/std", n) for n in names]
-    keys += [("total reward (95% interval of the mean)", "reward", "reward_std", None),
-             ("completion length (tokens)", "completions/mean_length", None, None), ("loss", "loss", None, None),
-             ("grad norm", "grad_norm", None, None)]
+    keys += [
+        ("total reward (95% interval of the mean)", "reward", "reward_std", None),
+        ("completion length (tokens)", "completions/mean_length", None, None),
+        ("loss", "loss", None, None),
+        ("grad norm", "grad_norm", None, None),
+    ]
     for ax, (t, mean_key, std_key, name) in zip(axes, keys):
-        drawn = [draw_mean(ax, rec, mean_key, std_key, binary=name in rules[label].binary,
-                           n_hint=rules[label].n_hint, label=label, colour=colours[i % len(colours)])
-                 for i, (label, rec) in enumerate(loaded.items())]
+        drawn = [
+            draw_mean(
+                ax,
+                rec,
+                mean_key,
+                std_key,
+                binary=name in rules[label].binary,
+                n_hint=rules[label].n_hint,
+                label=label,
+                colour=colours[i % len(colours)],
+            )
+            for i, (label, rec) in enumerate(loaded.items())
+        ]
         kinds = sorted({d for d in drawn if d})
         _steps_axis(ax, t + ("\n" + "; ".join(kinds) if name and kinds else ""))
         missing = [label for label, d in zip(loaded, drawn) if d is None]
@@ -258,8 +329,13 @@ def plot_runs(runs: Mapping[str, str | os.PathLike | Records], out: str | os.Pat
         for phase in TIME_PHASES:
             _, values = series(rec, f"time/{phase}")
             means.append(sum(values) / len(values) if values else 0.0)
-        ax.bar([p + i * width for p in range(len(TIME_PHASES))], means, width=width, label=label,
-               color=colours[i % len(colours)])
+        ax.bar(
+            [p + i * width for p in range(len(TIME_PHASES))],
+            means,
+            width=width,
+            label=label,
+            color=colours[i % len(colours)],
+        )
     ax.set_xticks([p + width * (len(loaded) - 1) / 2 for p in range(len(TIME_PHASES))], TIME_PHASES, fontsize=8)
     ax.legend(fontsize=7)
     return _save(plt, fig, out)

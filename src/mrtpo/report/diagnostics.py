@@ -31,12 +31,14 @@ def diagnostics(records: Records, config: Mapping[str, Any] | None = None) -> li
     beta = config.get("beta")
     no_kl = "beta = 0: TRL computes no KL" if isinstance(beta, (int, float)) and beta == 0 else ""
     spread = tuple((n, f"skip/zero_spread/{n}") for n in reward_names(records)) + (
-        ("total (TRL)", "frac_reward_zero_std"),)
+        ("total (TRL)", "frac_reward_zero_std"),
+    )
     return [
         Diagnostic("grad norm (before clipping)", (("grad_norm", "grad_norm"),)),
-        Diagnostic("clip rate (share of tokens clipped)", (("region", "clip_ratio/region_mean"),
-                                                           ("low", "clip_ratio/low_mean"),
-                                                           ("high", "clip_ratio/high_mean"))),
+        Diagnostic(
+            "clip rate (share of tokens clipped)",
+            (("region", "clip_ratio/region_mean"), ("low", "clip_ratio/low_mean"), ("high", "clip_ratio/high_mean")),
+        ),
         Diagnostic("KL to the reference model", (("kl", "kl"),), no_kl),
         Diagnostic("share of groups with zero spread", spread),
     ]
@@ -61,8 +63,17 @@ def draw_diagnostic(ax, records: Records, panel: Diagnostic) -> None:
         if panel.why_missing:
             note += f"\n({panel.why_missing})"
         y = 0.5 if not drawn else 0.04
-        ax.text(0.5, y, note, ha="center", va="center" if not drawn else "bottom", transform=ax.transAxes,
-                color="#a33", fontsize=7, wrap=True)
+        ax.text(
+            0.5,
+            y,
+            note,
+            ha="center",
+            va="center" if not drawn else "bottom",
+            transform=ax.transAxes,
+            color="#a33",
+            fontsize=7,
+            wrap=True,
+        )
     if drawn > 1:
         ax.legend(fontsize=7)
 

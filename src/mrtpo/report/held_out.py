@@ -35,8 +35,11 @@ def eval_keys(records: Records) -> list[str]:
         seen += [k for k, v in r.items() if k.startswith("eval_") and k not in _TIMING and _number(v) and k not in seen]
     rewards = [k for k in seen if k.startswith("eval_rewards/") and k.endswith("/mean")]
     first = [k for k in ("eval_reward",) if k in seen] + rewards
-    return first + [k for k in seen if k not in first and not k.startswith("eval_rewards/")
-                    and not k.endswith("_std") and "/std" not in k]
+    return first + [
+        k
+        for k in seen
+        if k not in first and not k.startswith("eval_rewards/") and not k.endswith("_std") and "/std" not in k
+    ]
 
 
 def eval_series(records: Records, key: str) -> tuple[list[int], list[float]]:
@@ -51,8 +54,9 @@ def eval_rows(records: Records) -> list[dict[str, Any]]:
     for key in eval_keys(records):
         steps, values = eval_series(records, key)
         if steps:
-            rows.append({"name": key, "first_step": steps[0], "first": values[0], "last_step": steps[-1],
-                         "last": values[-1]})
+            rows.append(
+                {"name": key, "first_step": steps[0], "first": values[0], "last_step": steps[-1], "last": values[-1]}
+            )
     return rows
 
 
@@ -66,9 +70,9 @@ def draw_held_out(ax, records: Records) -> bool:
         steps, values = eval_series(records, key)
         if not steps:
             continue
-        label = "total" if key == "eval_reward" else key[len("eval_rewards/"):-len("/mean")]
+        label = "total" if key == "eval_reward" else key[len("eval_rewards/") : -len("/mean")]
         line = ax.plot(steps, values, marker="o", label=label)[0]
-        std = dict(zip(*eval_series(records, key[:-len("mean")] + "std"))) if key != "eval_reward" else {}
+        std = dict(zip(*eval_series(records, key[: -len("mean")] + "std"))) if key != "eval_reward" else {}
         if std and all(s in std for s in steps) and is_binary(list(zip(values, [std[s] for s in steps]))):
             counts = [n for n in (binary_count(v, std[s]) for s, v in zip(steps, values)) if n]
             lows, highs, _ = reward_bands(values, [std[s] for s in steps], True, max(set(counts), key=counts.count))

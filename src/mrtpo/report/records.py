@@ -74,7 +74,7 @@ def reward_names(records: Records) -> list[str]:
     for r in records:
         for key in r:
             if key.startswith("rewards/") and key.endswith("/mean"):
-                name = key[len("rewards/"):-len("/mean")]
+                name = key[len("rewards/") : -len("/mean")]
                 if name not in names:
                     names.append(name)
     return names

@@ -79,8 +79,10 @@ def pick_samples(samples: Sequence[Mapping[str, Any]], per_step: int) -> list[Sh
             best = (later, common[0])
             break
     if best is None:
-        note = (f"no prompt sampled at step {first} was sampled again: the last step shows other prompts "
-                "(the samples are the first completions of each step's batch)")
+        note = (
+            f"no prompt sampled at step {first} was sampled again: the last step shows other prompts "
+            "(the samples are the first completions of each step's batch)"
+        )
         return [Shown(first, list(steps[first][:per_step])), Shown(last, list(steps[last][:per_step]), note)]
     later, prompt = best
 
@@ -88,12 +90,17 @@ def pick_samples(samples: Sequence[Mapping[str, Any]], per_step: int) -> list[Sh
         return [r for r in steps[step] if str(r.get("example_id")) == prompt][:per_step]
 
     if later == last:
-        return [Shown(first, of(first), f"prompt {prompt}, shown again at the last step"),
-                Shown(last, of(last), f"the same prompt ({prompt}) as at step {first}")]
-    return [Shown(first, of(first), f"prompt {prompt}, shown again at step {later}"),
-            Shown(later, of(later), f"the same prompt ({prompt}) as at step {first}: the latest step that sampled "
-                                    f"it again"),
-            Shown(last, list(steps[last][:per_step]), "the last step: other prompts")]
+        return [
+            Shown(first, of(first), f"prompt {prompt}, shown again at the last step"),
+            Shown(last, of(last), f"the same prompt ({prompt}) as at step {first}"),
+        ]
+    return [
+        Shown(first, of(first), f"prompt {prompt}, shown again at step {later}"),
+        Shown(
+            later, of(later), f"the same prompt ({prompt}) as at step {first}: the latest step that sampled it again"
+        ),
+        Shown(last, list(steps[last][:per_step]), "the last step: other prompts"),
+    ]
 
 
 def no_spread(record: Mapping[str, Any], records: Records) -> set[str]:
@@ -113,8 +120,9 @@ def _last_user(example) -> str:
     return ""
 
 
-def sample_view(record: Mapping[str, Any], example_task: tuple | None = None,
-                skipped: set[str] | frozenset[str] = frozenset()) -> CompletionView:
+def sample_view(
+    record: Mapping[str, Any], example_task: tuple | None = None, skipped: set[str] | frozenset[str] = frozenset()
+) -> CompletionView:
     """A credit-samples record as a :class:`CompletionView` (rows in the record's reward order; the
     rewards in ``skipped`` marked as without spread), titled with the curves' step."""
     rewards = record.get("rewards", {})

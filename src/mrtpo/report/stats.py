@@ -74,8 +74,9 @@ def config_count(config: Mapping[str, Any]) -> int | None:
     return per_device * int(gen)
 
 
-def reward_bands(means: Sequence[float], stds: Sequence[float] | None, binary: bool,
-                 n_hint: int | None) -> tuple[list[float], list[float], str]:
+def reward_bands(
+    means: Sequence[float], stds: Sequence[float] | None, binary: bool, n_hint: int | None
+) -> tuple[list[float], list[float], str]:
     """Per step ``(low, high)`` of the band and its description.
 
     ``binary``: Wilson intervals with each step's own ``n`` (:func:`binary_count`, else ``n_hint``);

@@ -115,8 +115,9 @@ def advantage_bar(scale: float) -> str:
     """The advantage row's colour bar: ``-scale … 0 … +scale`` in five labelled swatches."""
     if scale <= 0:
         return ""
-    cells = [_swatch(_signed_colour(x, scale), f"{x:+.3g}", x / scale) for x in
-             (-scale, -scale / 2, 0.0, scale / 2, scale)]
+    cells = [
+        _swatch(_signed_colour(x, scale), f"{x:+.3g}", x / scale) for x in (-scale, -scale / 2, 0.0, scale / 2, scale)
+    ]
     return f"<div class='bar' title='advantage: colour scale of this row'>{''.join(cells)}</div>"
 
 
@@ -145,8 +146,10 @@ white-space:pre-wrap;overflow-wrap:anywhere}
 
 def _row(name: str, sub: str, bar: str, cells: Sequence[str], css: str = "", skip: str = "") -> str:
     skip = f"<small class='skip'>{html.escape(skip)}</small>" if skip else ""
-    return (f"<div class='row{css}'><div class='label'><b>{html.escape(name)}</b>{skip}<small>{html.escape(sub)}"
-            f"</small>{bar}</div><div class='tokens'>{''.join(cells)}</div></div>")
+    return (
+        f"<div class='row{css}'><div class='label'><b>{html.escape(name)}</b>{skip}<small>{html.escape(sub)}"
+        f"</small>{bar}</div><div class='tokens'>{''.join(cells)}</div></div>"
+    )
 
 
 def _reward_row(view: CompletionView, row: CreditRow) -> str:
@@ -172,14 +175,20 @@ def _reward_row(view: CompletionView, row: CreditRow) -> str:
 def render_cards(views: Sequence[CompletionView], legend: bool = True) -> str:
     """The legend (unless ``legend`` is False) and one card per completion, as an HTML fragment
     (needs :data:`CSS`). For pages that embed the view among other content (the training report)."""
-    parts = [] if not legend else ["<p class='legend'>Token weight: white = 1 (an even share of the reward's credit), "
-             f"<span style='background:{_mix(HIGH, 1)}'>&nbsp;orange&nbsp;</span> more, "
-             f"<span style='background:{_mix(LOW, 1)};color:#fff'>&nbsp;blue&nbsp;</span> less; each row is scaled "
-             "to its own weights (the bar under its name gives the numbers). Advantage: "
-             f"<span style='background:{_mix(NEGATIVE, 1)};color:#fff'>&nbsp;negative&nbsp;</span> "
-             f"<span style='background:{_mix(POSITIVE, 1)};color:#fff'>&nbsp;positive&nbsp;</span>. "
-             "Hatched grey, <b>skipped (no spread)</b>: every completion of the prompt got the same value of that "
-             "reward, so its advantage is 0 and it gives no token any credit.</p>"]
+    parts = (
+        []
+        if not legend
+        else [
+            "<p class='legend'>Token weight: white = 1 (an even share of the reward's credit), "
+            f"<span style='background:{_mix(HIGH, 1)}'>&nbsp;orange&nbsp;</span> more, "
+            f"<span style='background:{_mix(LOW, 1)};color:#fff'>&nbsp;blue&nbsp;</span> less; each row is scaled "
+            "to its own weights (the bar under its name gives the numbers). Advantage: "
+            f"<span style='background:{_mix(NEGATIVE, 1)};color:#fff'>&nbsp;negative&nbsp;</span> "
+            f"<span style='background:{_mix(POSITIVE, 1)};color:#fff'>&nbsp;positive&nbsp;</span>. "
+            "Hatched grey, <b>skipped (no spread)</b>: every completion of the prompt got the same value of that "
+            "reward, so its advantage is 0 and it gives no token any credit.</p>"
+        ]
+    )
     for view in views:
         parts.append(f"<div class='card'><h3>{html.escape(view.title)}</h3>")
         if view.notes:
@@ -188,10 +197,12 @@ def render_cards(views: Sequence[CompletionView], legend: bool = True) -> str:
         parts += [_reward_row(view, row) for row in view.rows]
         if view.advantage is not None:
             scale = max([abs(a) for a in view.advantage if math.isfinite(a)] + [0.0])
-            cells = [f"<span class='tok' style='background:{_signed_colour(a, scale)}' "
-                     f"title='{html.escape(f'advantage token {i} {tok!r}: {a:+.4f}', quote=True)}'>"
-                     f"{_token_text(tok)}</span>"
-                     for i, (tok, a) in enumerate(zip(view.tokens, view.advantage))]
+            cells = [
+                f"<span class='tok' style='background:{_signed_colour(a, scale)}' "
+                f"title='{html.escape(f'advantage token {i} {tok!r}: {a:+.4f}', quote=True)}'>"
+                f"{_token_text(tok)}</span>"
+                for i, (tok, a) in enumerate(zip(view.tokens, view.advantage))
+            ]
             sub = "per token, all rewards" if scale > 0 else "0 at every token: this completion moves nothing"
             parts.append(_row("advantage", sub, advantage_bar(scale), cells))
         parts.append("</div>")
@@ -200,8 +211,10 @@ def render_cards(views: Sequence[CompletionView], legend: bool = True) -> str:
 
 def render_html(views: Sequence[CompletionView], title: str = "Token credit", intro: str = "") -> str:
     """A self-contained HTML page with one card per completion."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+    ]
     if intro:
         parts.append(f"<p>{html.escape(intro)}</p>")
     parts.append(render_cards(views))
@@ -209,5 +222,13 @@ def render_html(views: Sequence[CompletionView], title: str = "Token credit", in
     return "".join(parts)
 
 
-__all__ = ["CSS", "CompletionView", "CreditRow", "WeightScale", "advantage_bar", "render_cards", "render_html",
-           "weight_bar"]
+__all__ = [
+    "CSS",
+    "CompletionView",
+    "CreditRow",
+    "WeightScale",
+    "advantage_bar",
+    "render_cards",
+    "render_html",
+    "weight_bar",
+]

@@ -22,8 +22,14 @@ _BUILTIN_MODULES: dict[str, str] = {
     "sql": "mrtpo.tasks.sql",
 }
 #: The credit gym's families (classes in :mod:`mrtpo.gym.task`, listed there as ``FAMILIES``).
-GYM_TASK_NAMES: tuple[str, ...] = ("gym-constraints", "gym-answer", "gym-call", "gym-overlap", "gym-tradeoff",
-                                   "gym-long")
+GYM_TASK_NAMES: tuple[str, ...] = (
+    "gym-constraints",
+    "gym-answer",
+    "gym-call",
+    "gym-overlap",
+    "gym-tradeoff",
+    "gym-long",
+)
 #: Names of the built-in tasks (the real benchmarks, then the credit gym's synthetic families).
 TASK_NAMES: tuple[str, ...] = (*_BUILTIN_MODULES, *GYM_TASK_NAMES)
 
@@ -67,8 +73,10 @@ def _unknown(name: str) -> str:
 
     close = difflib.get_close_matches(str(name), task_names(), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return (f"unknown task {name!r}{hint}; known tasks: {', '.join(task_names())}, or a task file "
-            "(path/to/task.yaml with dataset, prompt and rewards; plugins register more through MRTPO_PLUGINS)")
+    return (
+        f"unknown task {name!r}{hint}; known tasks: {', '.join(task_names())}, or a task file "
+        "(path/to/task.yaml with dataset, prompt and rewards; plugins register more through MRTPO_PLUGINS)"
+    )
 
 
 def get_task(name: str, **kwargs: Any) -> Task:
@@ -110,8 +118,10 @@ def task_problem(name: Any) -> str | None:
     """Why ``name`` names no usable task (unknown, with a did-you-mean; a task file with a missing
     dataset, column or reward), or None. Consults the live registry, so plugin tasks count."""
     if isinstance(name, dict):
-        return ("a task block (a mapping) must be in a config file (--config); on the command line name a task or "
-                "a task file: --task path/to/task.yaml")
+        return (
+            "a task block (a mapping) must be in a config file (--config); on the command line name a task or "
+            "a task file: --task path/to/task.yaml"
+        )
     if not isinstance(name, str):
         return f"task must be a name or a task file path, got {name!r}"
     try:
@@ -136,5 +146,18 @@ def task_settings(name: str) -> dict[str, Any]:
     return {"reward_weights": list(weights)} if weights else {}
 
 
-__all__ = ["GYM_TASK_NAMES", "TASK_NAMES", "Task", "UnknownTaskError", "get_task", "implements", "is_task_file",
-           "register_task", "task_label", "task_names", "task_problem", "task_ref", "task_settings"]
+__all__ = [
+    "GYM_TASK_NAMES",
+    "TASK_NAMES",
+    "Task",
+    "UnknownTaskError",
+    "get_task",
+    "implements",
+    "is_task_file",
+    "register_task",
+    "task_label",
+    "task_names",
+    "task_problem",
+    "task_ref",
+    "task_settings",
+]

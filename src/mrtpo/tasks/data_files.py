@@ -27,8 +27,10 @@ def _json_lines_problem(path: Path) -> str | None:
                 shown = line[:60].decode(errors="replace")
                 return f"line {number} is not JSON ({exc.args[0].split(':')[0]}): {shown!r}"
             if not isinstance(value, dict):
-                return f"line {number} is not a JSON object (one row per line, {{column: value}}), but a " \
-                       f"{type(value).__name__}"
+                return (
+                    f"line {number} is not a JSON object (one row per line, {{column: value}}), but a "
+                    f"{type(value).__name__}"
+                )
     return None
 
 

@@ -57,8 +57,10 @@ class TaskSpec:
     prompt: str = "prompt"
     """the prompt column: a list of {role, content} messages (chat template), or text (raw continuation), as in TRL"""
     rewards: Any = None
-    ("reward functions: a list of paths, or a mapping path -> weight or {weight, args} (path: file.py:fn, "
-     "pkg.module:fn or pkg.module.fn; args: a factory's keyword arguments)")
+    (
+        "reward functions: a list of paths, or a mapping path -> weight or {weight, args} (path: file.py:fn, "
+        "pkg.module:fn or pkg.module.fn; args: a factory's keyword arguments)"
+    )
     name: str | None = None
     """the task's short name (run folder names, messages); default: the YAML file's folder name"""
     subset: str | None = None
@@ -102,19 +104,23 @@ def spec_from_mapping(block: dict[str, Any], folder: Path, source: str) -> TaskS
     for key in block:
         if key not in known:
             hint = close_match_hint(str(key), known)
-            raise TaskFileError(f"unknown key {key!r} in the task block of {source}{hint}; "
-                                f"valid keys: {', '.join(known)}")
+            raise TaskFileError(
+                f"unknown key {key!r} in the task block of {source}{hint}; valid keys: {', '.join(known)}"
+            )
     spec = TaskSpec(**block, folder=folder)
     if spec.dataset in (None, "", [], {}):
-        raise TaskFileError(f"the task block of {source} names no dataset: add `dataset: data.jsonl` "
-                            "(a file, a saved dataset folder or a hub id)")
+        raise TaskFileError(
+            f"the task block of {source} names no dataset: add `dataset: data.jsonl` "
+            "(a file, a saved dataset folder or a hub id)"
+        )
     if not spec.rewards:
         raise TaskFileError(f"the task block of {source} names no rewards: add `rewards: [rewards.py:my_reward]`")
     if isinstance(spec.rewards, str):  # one reward
         spec.rewards = [spec.rewards]
     if not isinstance(spec.rewards, (list, dict)):
-        raise TaskFileError(f"rewards in {source} must be a list of paths or a mapping path -> weight, "
-                            f"got {spec.rewards!r}")
+        raise TaskFileError(
+            f"rewards in {source} must be a list of paths or a mapping path -> weight, got {spec.rewards!r}"
+        )
     if not isinstance(spec.prompt, str):
         raise TaskFileError(f"prompt in {source} must be a column name, got {spec.prompt!r}")
     if not (isinstance(spec.eval_fraction, (int, float)) and 0 <= spec.eval_fraction < 1):
@@ -132,8 +138,9 @@ def _data_files(value: Any, folder: Path) -> list[Path]:
     paths = [(folder / str(f)).resolve() for f in files]
     for p in paths:
         if not p.is_file():
-            raise TaskFileError(f"dataset file {p} does not exist (paths are relative to the folder of the task's "
-                                "YAML file)")
+            raise TaskFileError(
+                f"dataset file {p} does not exist (paths are relative to the folder of the task's YAML file)"
+            )
         if p.suffix.lower() not in _BUILDERS:
             raise TaskFileError(f"dataset file {p}: unknown format {p.suffix!r}; use one of {', '.join(_BUILDERS)}")
     return paths
@@ -157,8 +164,9 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
     import datasets
 
     ref, folder = spec.dataset, spec.folder
-    if isinstance(ref, (dict, list)) or (isinstance(ref, str) and (Path(ref).suffix.lower() in _BUILDERS
-                                                                  or (folder / ref).is_file())):
+    if isinstance(ref, (dict, list)) or (
+        isinstance(ref, str) and (Path(ref).suffix.lower() in _BUILDERS or (folder / ref).is_file())
+    ):
         by_split = ref if isinstance(ref, dict) else {"train": ref}
         files = {str(s): [str(p) for p in _data_files(f, folder)] for s, f in by_split.items()}
         builders = {_BUILDERS[Path(f).suffix.lower()] for fs in files.values() for f in fs}
@@ -172,12 +180,14 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
             raise TaskFileError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 -- what the check cannot foresee (a corrupt parquet file, ...)
             cause = exc.__cause__ or exc
-            raise TaskFileError(f"datasets could not read the dataset files {', '.join(sorted(builders or files))}: "
-                                f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}"
-                                ) from None
+            raise TaskFileError(
+                f"datasets could not read the dataset files {', '.join(sorted(builders or files))}: "
+                f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}"
+            ) from None
     if not isinstance(ref, str):
-        raise TaskFileError(f"dataset must be a path, a list of files, a split -> file mapping or a hub id, "
-                            f"got {ref!r}")
+        raise TaskFileError(
+            f"dataset must be a path, a list of files, a split -> file mapping or a hub id, got {ref!r}"
+        )
     local = (folder / ref).resolve()
     if local.is_dir():
         if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
@@ -185,14 +195,17 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
             return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         return dict(datasets.load_dataset(str(local), spec.subset))
     if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
-        raise TaskFileError(f"dataset {local} does not exist "
-                            "(paths are relative to the folder of the task's YAML file)")
+        raise TaskFileError(
+            f"dataset {local} does not exist (paths are relative to the folder of the task's YAML file)"
+        )
     try:
         return dict(datasets.load_dataset(ref, spec.subset))
     except Exception as exc:  # noqa: BLE001 -- offline, unknown id, gated: say which and how to lift it
-        raise TaskFileError(f"dataset {ref!r} is neither a local file or folder (none at {local}) nor loadable from "
-                            f"the hub ({type(exc).__name__}: {str(exc)[:200]}); where the hub is reachable, unset "
-                            "HF_HUB_OFFLINE") from None
+        raise TaskFileError(
+            f"dataset {ref!r} is neither a local file or folder (none at {local}) nor loadable from "
+            f"the hub ({type(exc).__name__}: {str(exc)[:200]}); where the hub is reachable, unset "
+            "HF_HUB_OFFLINE"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,8 +235,14 @@ def reward_name(fn: Any) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-def score(fn: Any, name: str, texts: list[str], examples: list[Example], prompt_column: str,
-          completion_ids: list[list[int]] | None = None) -> list[Any]:
+def score(
+    fn: Any,
+    name: str,
+    texts: list[str],
+    examples: list[Example],
+    prompt_column: str,
+    completion_ids: list[list[int]] | None = None,
+) -> list[Any]:
     """Reward ``fn``'s values for ``texts`` (one per example), from one call made as TRL makes it
     (:func:`mrtpo.reward_calls.call_reward`), checked as the trainer checks them."""
     from mrtpo.reward_calls import call_reward
@@ -277,30 +296,41 @@ class ConfigTask(Task):
         splits = load_splits(spec)
         for wanted in filter(None, (spec.train_split, spec.eval_split)):
             if wanted not in splits:
-                raise TaskFileError(f"dataset {spec.dataset!r} has no split {wanted!r}"
-                                    f"{close_match_hint(wanted, list(splits))}; its splits: {', '.join(splits)}")
+                raise TaskFileError(
+                    f"dataset {spec.dataset!r} has no split {wanted!r}"
+                    f"{close_match_hint(wanted, list(splits))}; its splits: {', '.join(splits)}"
+                )
         columns = list(splits[spec.train_split].column_names)
         needed = [spec.prompt, *filter(None, [spec.id_column])]
-        needed += [fn.mrtpo_evidence.source for _, fn, _ in self.rewards
-                   if isinstance(getattr(getattr(fn, "mrtpo_evidence", None), "source", None), str)]
+        needed += [
+            fn.mrtpo_evidence.source
+            for _, fn, _ in self.rewards
+            if isinstance(getattr(getattr(fn, "mrtpo_evidence", None), "source", None), str)
+        ]
         for col in needed:
             if col not in columns:
-                raise TaskFileError(f"dataset {spec.dataset!r} has no column {col!r}{close_match_hint(col, columns)}; "
-                                    f"its columns: {', '.join(columns)}")
+                raise TaskFileError(
+                    f"dataset {spec.dataset!r} has no column {col!r}{close_match_hint(col, columns)}; "
+                    f"its columns: {', '.join(columns)}"
+                )
         self._check_calls(columns)
         train = self._examples_of(splits[spec.train_split], spec.train_split)
         kinds = {isinstance(ex.gold[spec.prompt], str) for ex in train}
         if len(kinds) > 1:
-            raise TaskFileError(f"column {spec.prompt!r} mixes text prompts and chat messages; TRL needs one format "
-                                "per dataset (messages for a chat model, text for raw continuation)")
+            raise TaskFileError(
+                f"column {spec.prompt!r} mixes text prompts and chat messages; TRL needs one format "
+                "per dataset (messages for a chat model, text for raw continuation)"
+            )
         self.chat = kinds == {False}
         if spec.eval_split is not None:
             return {"train": train, "eval": self._examples_of(splits[spec.eval_split], spec.eval_split)}
         order = list(range(len(train)))
         random.Random(spec.split_seed).shuffle(order)
-        held = set(order[:round(len(train) * spec.eval_fraction)])
-        return {"train": [ex for i, ex in enumerate(train) if i not in held],
-                "eval": [ex for i, ex in enumerate(train) if i in held]}
+        held = set(order[: round(len(train) * spec.eval_fraction)])
+        return {
+            "train": [ex for i, ex in enumerate(train) if i not in held],
+            "eval": [ex for i, ex in enumerate(train) if i in held],
+        }
 
     def _check_calls(self, columns: list[str]) -> None:
         """The trainer's dataset (the prompt column as ``prompt``, plus ``example_id``) must not clash with
@@ -310,11 +340,16 @@ class ConfigTask(Task):
         spec = self.spec
         for clash in ("prompt", "example_id"):
             if clash in columns and clash != spec.prompt and not (clash == "example_id" == spec.id_column):
-                raise TaskFileError(f"dataset {spec.dataset!r} has a column {clash!r} besides the prompt column "
-                                    f"{spec.prompt!r}; the trainer's dataset uses that name ("
-                                    + ("TRL's prompt column): rename the column, or set prompt: prompt"
-                                       if clash == "prompt" else "the example ids): set id_column: example_id")
-                                    + ")")
+                raise TaskFileError(
+                    f"dataset {spec.dataset!r} has a column {clash!r} besides the prompt column "
+                    f"{spec.prompt!r}; the trainer's dataset uses that name ("
+                    + (
+                        "TRL's prompt column): rename the column, or set prompt: prompt"
+                        if clash == "prompt"
+                        else "the example ids): set id_column: example_id"
+                    )
+                    + ")"
+                )
         renamed = ["prompt" if c == spec.prompt else c for c in columns]
         trainer_columns = [*renamed, *([] if "example_id" in renamed else ["example_id"])]
         for ref, fn, _ in self.rewards:
@@ -361,8 +396,9 @@ class ConfigTask(Task):
             return default_render_prompt(example, tokenizer)
         return "".join(str(m["content"]) for m in example.messages)
 
-    def evaluate(self, outputs: list[str], examples: list[Example],
-                 completion_ids: list[list[int]] | None = None) -> dict[str, Any]:
+    def evaluate(
+        self, outputs: list[str], examples: list[Example], completion_ids: list[list[int]] | None = None
+    ) -> dict[str, Any]:
         """Mean of each reward over the outputs (one call per reward, as TRL makes it), and their weighted
         sum (``reward_total``). A reward's None / NaN ("not applicable") counts as 0."""
         if len(outputs) != len(examples):
@@ -372,8 +408,9 @@ class ConfigTask(Task):
         for v in self._verifiers:
             values = score(v.fn, v.name, list(outputs), examples, self.spec.prompt, completion_ids) if outputs else []
             metrics[f"reward/{v.name}"] = sum(_finite(x) for x in values) / n
-        metrics["reward_total"] = sum(w * metrics[f"reward/{v.name}"]
-                                      for v, w in zip(self._verifiers, self.reward_weights))
+        metrics["reward_total"] = sum(
+            w * metrics[f"reward/{v.name}"] for v, w in zip(self._verifiers, self.reward_weights)
+        )
         metrics["n"] = len(outputs)
         return metrics
 
@@ -393,5 +430,18 @@ def load_task_file(path: str | Path) -> ConfigTask:
     return ConfigTask(spec, task_name(path, spec))
 
 
-__all__ = ["ConfigTask", "FunctionVerifier", "TaskFileError", "TaskSpec", "as_messages", "load_reward",
-           "load_splits", "load_task_file", "read_spec", "reward_list", "reward_name", "score", "spec_from_mapping"]
+__all__ = [
+    "ConfigTask",
+    "FunctionVerifier",
+    "TaskFileError",
+    "TaskSpec",
+    "as_messages",
+    "load_reward",
+    "load_splits",
+    "load_task_file",
+    "read_spec",
+    "reward_list",
+    "reward_name",
+    "score",
+    "spec_from_mapping",
+]

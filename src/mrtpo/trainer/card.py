@@ -41,8 +41,9 @@ class ModelCardMixin:
     #: A paragraph the card adds on the base weights (a dequantised GGUF), or None.
     base_weights_note: str | None = None
 
-    def name_base_model(self, card_name: str | None, adapter_name: str | None = None,
-                        weights_note: str | None = None) -> None:
+    def name_base_model(
+        self, card_name: str | None, adapter_name: str | None = None, weights_note: str | None = None
+    ) -> None:
         """Name the base model on the model card (``card_name``) and in each LoRA adapter's
         ``adapter_config.json`` (``adapter_name``; None leaves peft's value); ``weights_note``: a
         paragraph the card adds on the base weights (:func:`mrtpo.model_names.base_weights_note`)."""
@@ -53,8 +54,9 @@ class ModelCardMixin:
             for config in peft_config.values():
                 config.base_model_name_or_path = adapter_name
 
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
-                          tags: str | list[str] | None = None) -> None:
+    def create_model_card(
+        self, model_name: str | None = None, dataset_name: str | None = None, tags: str | list[str] | None = None
+    ) -> None:
         """TRL's card, naming :attr:`base_model_name` and tagged with the credit method."""
         tags = [tags] if isinstance(tags, str) else list(tags or [])
         method = getattr(getattr(self, "args", None), "method", None)

@@ -37,11 +37,22 @@ ZERO_ADVANTAGE_KEY = "mrtpo_zero_advantage"
 GLOBAL_NORMALISER_LOSSES = ("dapo", "cispo")
 #: Every per-row key of a text-only batch from TRL's ``_generate_and_score_completions`` (and ours);
 #: a batch with any other key (images, ...) is never split by row.
-ROW_KEYS = frozenset({
-    "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
-    "sampling_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio", "tool_mask",
-    SEQUENCE_ADVANTAGES_KEY, ZERO_ADVANTAGE_KEY,
-})
+ROW_KEYS = frozenset(
+    {
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "advantages",
+        "old_per_token_logps",
+        "sampling_per_token_logps",
+        "ref_per_token_logps",
+        "importance_sampling_ratio",
+        "tool_mask",
+        SEQUENCE_ADVANTAGES_KEY,
+        ZERO_ADVANTAGE_KEY,
+    }
+)
 
 
 def _setting(default, help_text: str):
@@ -55,56 +66,109 @@ class MRTPOConfig(GRPOConfig):
 
     method: str = _setting("mrtpo", f"credit method: {', '.join(available_methods())} (the registry's)")
     relevance: str = _setting("js", "relevance of a replay: js (default), kl or logratio")
-    lam: float = _setting(DEFAULT_LAM, (
-        "weight interpolation: 0 uniform, 1 proportional to relevance (the paper's: lam 1, w_max None)"))
-    reward_lam: list[float] | None = _setting(None, (
-        "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); "
-        "None: lam for all"))
-    w_max: float | None = _setting(DEFAULT_W_MAX, (
-        "cap on one token's weight (then renormalised); None: no cap. The moderate cap: lam 0.5, w_max 3 "
-        "(weights in [0.5, 3])"))
-    weighting: str = _setting("relevance", (
-        "token weight shape: relevance (proportional to the map, mixed by lam) or rank (by the token's rank "
-        "in its response: E[w^2] fixed by construction)"))
+    lam: float = _setting(
+        DEFAULT_LAM, ("weight interpolation: 0 uniform, 1 proportional to relevance (the paper's: lam 1, w_max None)")
+    )
+    reward_lam: list[float] | None = _setting(
+        None,
+        (
+            "per-reward lam, one entry per reward function in order (overrides lam for per-reward maps); "
+            "None: lam for all"
+        ),
+    )
+    w_max: float | None = _setting(
+        DEFAULT_W_MAX,
+        (
+            "cap on one token's weight (then renormalised); None: no cap. The moderate cap: lam 0.5, w_max 3 "
+            "(weights in [0.5, 3])"
+        ),
+    )
+    weighting: str = _setting(
+        "relevance",
+        (
+            "token weight shape: relevance (proportional to the map, mixed by lam) or rank (by the token's rank "
+            "in its response: E[w^2] fixed by construction)"
+        ),
+    )
     rank_power: float = _setting(1.0, "rank weighting's profile ((i + 1/2) / n) ** rank_power (1: a line 0..2)")
-    weight_mean: str = _setting("response", (
-        "divide a map by its mean over the response (mean weight 1 per response) or over the batch "
-        "(mean 1 over the batch only; a response's tokens then need not average to its sequence advantage)"))
-    oracle_shuffle: float = _setting(0.0, (
-        "method oracle only: share q of its known-position mask moved to random tokens of the response "
-        "(0: the oracle; the dose-response runs q in 0, .25, .5, .75)"))
+    weight_mean: str = _setting(
+        "response",
+        (
+            "divide a map by its mean over the response (mean weight 1 per response) or over the batch "
+            "(mean 1 over the batch only; a response's tokens then need not average to its sequence advantage)"
+        ),
+    )
+    oracle_shuffle: float = _setting(
+        0.0,
+        (
+            "method oracle only: share q of its known-position mask moved to random tokens of the response "
+            "(0: the oracle; the dose-response runs q in 0, .25, .5, .75)"
+        ),
+    )
     relevance_chunk_size: int | None = _setting(None, "positions per relevance chunk; None: auto")
     relevance_top_k: int | None = _setting(None, "top-k approximation of the JS sum; None: exact")
-    replay_micro_batch: int | None = _setting(None, (
-        "completions replayed at once (bounds the replay's logits memory); None: a whole prompt group"))
-    replay_groups_per_pass: int | None = _setting(1, (
-        "prompt groups replayed in one pass of three forward calls (fewer calls; logits memory grows with it); "
-        "None: all of a step's groups"))
-    skip_zero_advantage: bool = _setting(True, (
-        "leave out the replays and update rows that cannot move the policy (exact); false runs them anyway, "
-        "e.g. to time whole steps on a random-weight model whose rewards are all 0"))
+    replay_micro_batch: int | None = _setting(
+        None, ("completions replayed at once (bounds the replay's logits memory); None: a whole prompt group")
+    )
+    replay_groups_per_pass: int | None = _setting(
+        1,
+        (
+            "prompt groups replayed in one pass of three forward calls (fewer calls; logits memory grows with it); "
+            "None: all of a step's groups"
+        ),
+    )
+    skip_zero_advantage: bool = _setting(
+        True,
+        (
+            "leave out the replays and update rows that cannot move the policy (exact); false runs them anyway, "
+            "e.g. to time whole steps on a random-weight model whose rewards are all 0"
+        ),
+    )
     privileged_header: str = _setting(DEFAULT_PRIVILEGED_HEADER, "header above appended privileged evidence")
     credit_batch_norm: bool = _setting(True, "normalise sequence scores over the global batch (GDPO step 3)")
     credit_samples: int = _setting(2, "completions per generation step saved for the token-credit view")
-    log_credit_detail: bool = _setting(False, (
-        "send every credit metric (15 a reward: deciles, Gini, entropy, overlaps) to the console and trackers; "
-        "false: relevance_mean and top10_share a reward there, the full set in metrics.jsonl"))
-    shared_prompt_generation: bool = _setting(True, (
-        "prefill each distinct prompt once before sampling its group (transformers generation, text only)"))
-    fast_generation: bool = _setting(True, (
-        "sample with mrtpo.fast_decode's KV-cache loop instead of transformers' generate for Qwen2 / Llama "
-        "models under plain temperature sampling (same distribution, another random stream)"))
-    shared_prompt_update: bool = _setting(True, (
-        "run each distinct prompt once in the update's forward and the completions on its KV cache "
-        "(same loss and gradient; not under activation checkpointing, which drops the cache)"))
-    packed_sequences: bool = _setting(False, (
-        "in the update's forward, pack each prompt's completions behind it in one row under a block mask "
-        "instead of padding each to the longest (mrtpo.packing: same values, fewer tokens where lengths vary)"))
-    reward_timeout: float | None = _setting(300.0, (
-        "seconds one call of a reward function may take (a call scores a whole batch); past it training stops "
-        "naming the function; a note is printed every 30 s while one runs long; None: no deadline"))
-    multi_objective_aggregation: str | None = _setting(None, (
-        "set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused"))
+    log_credit_detail: bool = _setting(
+        False,
+        (
+            "send every credit metric (15 a reward: deciles, Gini, entropy, overlaps) to the console and trackers; "
+            "false: relevance_mean and top10_share a reward there, the full set in metrics.jsonl"
+        ),
+    )
+    shared_prompt_generation: bool = _setting(
+        True, ("prefill each distinct prompt once before sampling its group (transformers generation, text only)")
+    )
+    fast_generation: bool = _setting(
+        True,
+        (
+            "sample with mrtpo.fast_decode's KV-cache loop instead of transformers' generate for Qwen2 / Llama "
+            "models under plain temperature sampling (same distribution, another random stream)"
+        ),
+    )
+    shared_prompt_update: bool = _setting(
+        True,
+        (
+            "run each distinct prompt once in the update's forward and the completions on its KV cache "
+            "(same loss and gradient; not under activation checkpointing, which drops the cache)"
+        ),
+    )
+    packed_sequences: bool = _setting(
+        False,
+        (
+            "in the update's forward, pack each prompt's completions behind it in one row under a block mask "
+            "instead of padding each to the longest (mrtpo.packing: same values, fewer tokens where lengths vary)"
+        ),
+    )
+    reward_timeout: float | None = _setting(
+        300.0,
+        (
+            "seconds one call of a reward function may take (a call scores a whole batch); past it training stops "
+            "naming the function; a note is printed every 30 s while one runs long; None: no deadline"
+        ),
+    )
+    multi_objective_aggregation: str | None = _setting(
+        None,
+        ("set by method (sum_then_normalize for grpo, normalize_then_sum for the others); another value is refused"),
+    )
 
     def __post_init__(self) -> None:
         check_trainer_numbers(lambda key: getattr(self, key), [f.name for f in fields(self) if f.init])
@@ -164,5 +228,12 @@ class MRTPOConfig(GRPOConfig):
             )
 
 
-__all__ = ["GLOBAL_NORMALISER_LOSSES", "ROW_KEYS", "SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES",
-           "TRL_AGGREGATION", "ZERO_ADVANTAGE_KEY", "MRTPOConfig"]
+__all__ = [
+    "GLOBAL_NORMALISER_LOSSES",
+    "ROW_KEYS",
+    "SEQUENCE_ADVANTAGES_KEY",
+    "SEQUENCE_LEVEL_LOSSES",
+    "TRL_AGGREGATION",
+    "ZERO_ADVANTAGE_KEY",
+    "MRTPOConfig",
+]

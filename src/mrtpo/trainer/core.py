@@ -100,32 +100,44 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
         self.multi_objective_aggregation = TRL_AGGREGATION[self.credit_method.sequence]
         self._loss_sequence_advantages: Tensor | None = None
         self.credit_config = CreditConfig(
-            lam=self.args.lam, w_max=self.args.w_max, batch_norm=self.args.credit_batch_norm,
-            reward_weights=self.reward_weights.tolist(), reward_lam=self.args.reward_lam,
-            weighting=self.args.weighting, rank_power=self.args.rank_power, weight_mean=self.args.weight_mean,
+            lam=self.args.lam,
+            w_max=self.args.w_max,
+            batch_norm=self.args.credit_batch_norm,
+            reward_weights=self.reward_weights.tolist(),
+            reward_lam=self.args.reward_lam,
+            weighting=self.args.weighting,
+            rank_power=self.args.rank_power,
+            weight_mean=self.args.weight_mean,
             oracle_shuffle=self.args.oracle_shuffle,
         )
         if self.args.reward_lam is not None and len(self.args.reward_lam) != len(self.reward_funcs):
-            raise ValueError(f"reward_lam has {len(self.args.reward_lam)} entries for {len(self.reward_funcs)} "
-                             f"reward functions ({', '.join(self.reward_func_names)}): give one per reward, in order")
+            raise ValueError(
+                f"reward_lam has {len(self.args.reward_lam)} entries for {len(self.reward_funcs)} "
+                f"reward functions ({', '.join(self.reward_func_names)}): give one per reward, in order"
+            )
         self._with_evidence = [declares_evidence(f) for f in self.reward_funcs]
         if needs_evidence(self.credit_method.needs):
             if not any(self._with_evidence):
                 raise ValueError(
                     f"method {self.args.method!r} needs rewards with evidence, but none of {self.reward_func_names} "
-                    "declares any: decorate them with @mrtpo.evidence(...) or wrap task verifiers in VerifierReward")
+                    "declares any: decorate them with @mrtpo.evidence(...) or wrap task verifiers in VerifierReward"
+                )
             self._check_evidence(self.train_dataset)
         if context_rule(self.credit_method.needs).known and not any(
-                isinstance(f, VerifierReward) and knows_positions(f.verifier, f.spans_of) for f in self.reward_funcs):
-            raise ValueError(f"method {self.args.method!r} weights the positions a task knows each reward "
-                             f"reads, but none of {self.reward_func_names} knows them: use a gym task or one "
-                             "with checked_spans")
+            isinstance(f, VerifierReward) and knows_positions(f.verifier, f.spans_of) for f in self.reward_funcs
+        ):
+            raise ValueError(
+                f"method {self.args.method!r} weights the positions a task knows each reward "
+                f"reads, but none of {self.reward_func_names} knows them: use a gym task or one "
+                "with checked_spans"
+            )
         self._last_rewards: Tensor | None = None
         self._update_skips_zero_rows = self._skips_zero_rows()
         self._timing = {"generation": 0.0, "scoring": 0.0, "replay": 0.0}
         # first: it writes each log line whole, then leaves the trackers the summary (log_credit_detail)
-        self.callback_handler.callbacks.insert(0, MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl",
-                                                               detail=self.args.log_credit_detail))
+        self.callback_handler.callbacks.insert(
+            0, MetricsJSONL(Path(self.args.output_dir) / "metrics.jsonl", detail=self.args.log_credit_detail)
+        )
 
     def _skips_zero_rows(self) -> bool:
         """Whether the update may leave out completions whose advantage is 0 at every token
@@ -137,8 +149,14 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
         router aux loss depend on the rows present, and so does the normaliser of every loss type but
         :data:`GLOBAL_NORMALISER_LOSSES`.
         """
-        return (self.args.skip_zero_advantage and self.loss_type in GLOBAL_NORMALISER_LOSSES and self.beta == 0.0
-                and not self._entropy_bonus_enabled and self.top_entropy_quantile == 1.0 and not self.aux_loss_enabled)
+        return (
+            self.args.skip_zero_advantage
+            and self.loss_type in GLOBAL_NORMALISER_LOSSES
+            and self.beta == 0.0
+            and not self._entropy_bonus_enabled
+            and self.top_entropy_quantile == 1.0
+            and not self.aux_loss_enabled
+        )
 
     # --- timing wrappers -------------------------------------------------------------------
     def _generate(self, prompts: list):
@@ -151,8 +169,13 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation; on its transformers path with text only, each distinct prompt is prefilled
         once (:func:`mrtpo.shared_prompt.shared_prefill`) instead of once per sample of its group."""
-        shares = (self.args.shared_prompt_generation and not self.use_vllm
-                  and not self.use_transformers_continuous_batching and images is None and not multimodal_fields)
+        shares = (
+            self.args.shared_prompt_generation
+            and not self.use_vllm
+            and not self.use_transformers_continuous_batching
+            and images is None
+            and not multimodal_fields
+        )
         call_args = (prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         if not shares:
             return super()._generate_single_turn(*call_args)
@@ -214,9 +237,14 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
             maps["known_positions"] = self._known_positions(inputs, out)
         self._timing["replay"] += time.perf_counter() - start
 
-        batch = CreditBatch(rewards=self._last_rewards, group_size=self.num_generations, mask=mask, rows=rows,
-                            known_positions=maps.get("known_positions"),
-                            **{field: maps.get(field) for field in CREDIT_FIELDS})
+        batch = CreditBatch(
+            rewards=self._last_rewards,
+            group_size=self.num_generations,
+            mask=mask,
+            rows=rows,
+            known_positions=maps.get("known_positions"),
+            **{field: maps.get(field) for field in CREDIT_FIELDS},
+        )
         advantages = self.credit_method(batch, self.credit_config)
         sequence = self.credit_method.sequence_advantages(batch, self.credit_config)
         if self.args.scale_rewards != "group":  # method grpo only (MRTPOConfig): TRL's own, scaled as asked
@@ -249,19 +277,39 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
         return zero.cpu() | (mask.sum(1) == 0)
 
     # --- the update's forward: each distinct prompt once ------------------------------------------
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **extra):
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **extra,
+    ):
         """TRL's per-token log-probabilities and entropies ``(B, T)``, computed by
         :func:`mrtpo.shared_prompt.shared_prompt_logps` (each distinct prompt once, same values) for
         text-only batches when ``shared_prompt_update`` is on and the model keeps its cache; TRL's own
         path otherwise (images, MoE aux loss, activation checkpointing while training)."""
         prompt_length = input_ids.size(1) - logits_to_keep
-        shareable = (self.args.shared_prompt_update and not compute_aux_loss
-                     and all(value is None for value in extra.values()) and can_share_prompts(model, prompt_length))
+        shareable = (
+            self.args.shared_prompt_update
+            and not compute_aux_loss
+            and all(value is None for value in extra.values())
+            and can_share_prompts(model, prompt_length)
+        )
         if not shareable:
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **extra,
+            )
         batch_size = batch_size or input_ids.size(0)
         packed = self.args.packed_sequences and can_pack(model)
         logps, entropies = [], []
@@ -269,8 +317,13 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
             rows = slice(start, start + batch_size)
             with self.accelerator.autocast():
                 chunk_logps, chunk_entropy = (packed_logps if packed else shared_prompt_logps)(
-                    model, input_ids[rows, :prompt_length], attention_mask[rows, :prompt_length],
-                    input_ids[rows, prompt_length:], attention_mask[rows, prompt_length:], compute_entropy)
+                    model,
+                    input_ids[rows, :prompt_length],
+                    attention_mask[rows, :prompt_length],
+                    input_ids[rows, prompt_length:],
+                    attention_mask[rows, prompt_length:],
+                    compute_entropy,
+                )
             logps.append(chunk_logps)
             entropies.append(chunk_entropy)
         return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
@@ -287,8 +340,14 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
         finally:
             self._loss_sequence_advantages = None
 
-    def get_off_policy_mask(self, advantages: Tensor, per_token_logps: Tensor, sampling_per_token_logps: Tensor,
-                            mask: Tensor, off_policy_threshold: float) -> Tensor:
+    def get_off_policy_mask(
+        self,
+        advantages: Tensor,
+        per_token_logps: Tensor,
+        sampling_per_token_logps: Tensor,
+        mask: Tensor,
+        off_policy_threshold: float,
+    ) -> Tensor:
         """TRL's off-policy sequence mask ``(B, 1)`` (keep if advantage ≥ 0 or mean KL ≤ threshold),
         with the advantage of the *sequence* (its GDPO / GRPO advantage), so a sequence is kept or
         dropped whole even when its token advantages ``(B, T)`` have both signs."""
@@ -297,8 +356,18 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
             advantages = sequence.to(advantages).view(-1, 1)
         elif advantages.dim() == 2 and advantages.shape[1] > 1:
             raise RuntimeError("the off-policy mask needs the batch's sequence advantages, which it does not carry")
-        return GRPOTrainer.get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask,
-                                               off_policy_threshold)
+        return GRPOTrainer.get_off_policy_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
 
-__all__ = ["GLOBAL_NORMALISER_LOSSES", "SEQUENCE_ADVANTAGES_KEY", "SEQUENCE_LEVEL_LOSSES", "TRL_AGGREGATION",
-           "ZERO_ADVANTAGE_KEY", "MRTPOConfig", "MRTPOTrainer", "MetricsJSONL"]
+
+__all__ = [
+    "GLOBAL_NORMALISER_LOSSES",
+    "SEQUENCE_ADVANTAGES_KEY",
+    "SEQUENCE_LEVEL_LOSSES",
+    "TRL_AGGREGATION",
+    "ZERO_ADVANTAGE_KEY",
+    "MRTPOConfig",
+    "MRTPOTrainer",
+    "MetricsJSONL",
+]

@@ -61,15 +61,25 @@ class CreditLogMixin:
         weights = self.credit_method.weights(batch, self.credit_config)
         lengths = batch.mask.sum(-1).long().tolist()
         keys = credit_metric_keys(self.reward_func_names)
-        local = credit_metric_sums(weights, lengths, self.reward_func_names, skipped=maps.get("skipped"),
-                                   relevance=maps.get("relevance"), has_evidence=maps.get("has_evidence"))
+        local = credit_metric_sums(
+            weights,
+            lengths,
+            self.reward_func_names,
+            skipped=maps.get("skipped"),
+            relevance=maps.get("relevance"),
+            has_evidence=maps.get("has_evidence"),
+        )
         known = maps.get("known_positions")
         relevant = known if known is not None else self._known_positions(inputs, out, checked_spans=False)
         if relevant is not None:  # lift, E[w²] and predicted G on the tokens each reward is known to read
             relevant = relevant.bool()
             keys = keys + signal_metric_keys(self.reward_func_names)
-            local = torch.cat([local, signal_metric_sums(weights, relevant, lengths, self.reward_func_names,
-                                                         skipped=maps.get("skipped"))])
+            local = torch.cat(
+                [
+                    local,
+                    signal_metric_sums(weights, relevant, lengths, self.reward_func_names, skipped=maps.get("skipped")),
+                ]
+            )
         summed = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, len(keys), 2).sum(0).cpu()
         means = {key: total / count for key, (total, count) in zip(keys, summed.tolist()) if count > 0}
         means.update(predicted_gains(means, self.reward_func_names))
@@ -83,10 +93,18 @@ class CreditLogMixin:
         the rewards that had no spread in its group (the report says "skipped" rather than "uniform")."""
         g = self.num_generations
         flat = (group_normalize(self._last_rewards, g).view(-1, g, self._last_rewards.shape[1]) == 0).all(1)
-        append_samples(Path(self.args.output_dir) / "credit_samples.jsonl", inputs[:self.args.credit_samples],
-                       out["completion_ids"], batch.mask, batch.local_rewards(), weights, advantages,
-                       maps.get("relevance"), step=self.state.global_step, method=self.args.method,
-                       names=self.reward_func_names, decode=self.processing_class.decode,
-                       no_spread=flat.repeat_interleave(g, 0)[batch.rows or slice(None)])
-
-
+        append_samples(
+            Path(self.args.output_dir) / "credit_samples.jsonl",
+            inputs[: self.args.credit_samples],
+            out["completion_ids"],
+            batch.mask,
+            batch.local_rewards(),
+            weights,
+            advantages,
+            maps.get("relevance"),
+            step=self.state.global_step,
+            method=self.args.method,
+            names=self.reward_func_names,
+            decode=self.processing_class.decode,
+            no_spread=flat.repeat_interleave(g, 0)[batch.rows or slice(None)],
+        )

@@ -70,6 +70,7 @@ def is_credit_detail(key: str) -> bool:
 
 def json_line(record: dict[str, Any]) -> str:
     """``record`` as one line of strict JSON: NaN and ±inf become ``null``."""
+
     def finite(v):
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
@@ -125,14 +126,24 @@ DECILE_KEYS = tuple(f"relevance_decile{d}" for d in range(10))
 
 def credit_metric_keys(names: Sequence[str]) -> list[str]:
     """The credit metric keys for rewards ``names``, in the order :func:`credit_metric_sums` fills them."""
-    keys = [f"credit/{n}/{m}" for n in names for m in ("top10_share", "weight_entropy", "relevance_mean", "gini",
-                                                         "half_weight_share", *DECILE_KEYS)]
+    keys = [
+        f"credit/{n}/{m}"
+        for n in names
+        for m in ("top10_share", "weight_entropy", "relevance_mean", "gini", "half_weight_share", *DECILE_KEYS)
+    ]
     keys += [f"credit/top10_overlap/{names[a]}~{names[c]}" for a in range(len(names)) for c in range(a + 1, len(names))]
     return keys
 
 
-def credit_metric_sums(weights: Tensor, lengths: Sequence[int], names: Sequence[str], *, skipped: Tensor | None = None,
-                       relevance: Tensor | None = None, has_evidence: Tensor | None = None) -> Tensor:
+def credit_metric_sums(
+    weights: Tensor,
+    lengths: Sequence[int],
+    names: Sequence[str],
+    *,
+    skipped: Tensor | None = None,
+    relevance: Tensor | None = None,
+    has_evidence: Tensor | None = None,
+) -> Tensor:
     """``(len(keys), 2)`` float64 ``(sum, count)`` per key of :func:`credit_metric_keys`, over this
     process's completions; summing over processes and dividing gives the global means.
 
@@ -210,8 +221,9 @@ def signal_metric_keys(names: Sequence[str]) -> list[str]:
     return [f"credit/{n}/{m}" for n in names for m in ("lift", "mean_w2")]
 
 
-def signal_metric_sums(weights: Tensor, relevant: Tensor, lengths: Sequence[int], names: Sequence[str], *,
-                       skipped: Tensor | None = None) -> Tensor:
+def signal_metric_sums(
+    weights: Tensor, relevant: Tensor, lengths: Sequence[int], names: Sequence[str], *, skipped: Tensor | None = None
+) -> Tensor:
     """``(2K, 2)`` float64 ``(sum, count)`` of each reward's ``ℓ`` and ``E[w²]`` over this process's
     completions (:func:`mrtpo.credit.signal.lift_and_mean_square`), in :func:`signal_metric_keys` order.
 
@@ -226,8 +238,8 @@ def signal_metric_sums(weights: Tensor, relevant: Tensor, lengths: Sequence[int]
                 continue
             got = lift_and_mean_square(weights[b, i, :n].detach(), relevant[b, i, :n], torch.ones(n))
             if got is not None:
-                sums[2 * i: 2 * i + 2, 0] += torch.tensor(got, dtype=torch.float64)
-                sums[2 * i: 2 * i + 2, 1] += 1
+                sums[2 * i : 2 * i + 2, 0] += torch.tensor(got, dtype=torch.float64)
+                sums[2 * i : 2 * i + 2, 1] += 1
     return sums
 
 
@@ -241,17 +253,31 @@ def predicted_gains(means: dict[str, float], names: Sequence[str]) -> dict[str, 
     return out
 
 
-def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[str], rewards: Sequence[float],
-                  token_ids: Sequence[int], tokens: Sequence[str], weights: Tensor, advantage: Tensor,
-                  relevance: Tensor | None = None, no_spread: Sequence[bool] | None = None) -> dict[str, Any]:
+def credit_sample(
+    *,
+    step: int,
+    example_id: str,
+    method: str,
+    names: Sequence[str],
+    rewards: Sequence[float],
+    token_ids: Sequence[int],
+    tokens: Sequence[str],
+    weights: Tensor,
+    advantage: Tensor,
+    relevance: Tensor | None = None,
+    no_spread: Sequence[bool] | None = None,
+) -> dict[str, Any]:
     """One line of ``credit_samples.jsonl`` (the token-credit view): a completion's tokens with each
     reward's weights ``(K, n)``, its advantage ``(n,)`` and, for ``mrtpo``, its relevance ``(K, n)``;
     a NaN reward (not scored) is written as ``null``. ``no_spread`` ``(K,)``: the rewards with no
     spread in the completion's group (advantage 0: they give it no credit), listed by name."""
     record = {
-        "step": step, "example_id": example_id, "method": method,
+        "step": step,
+        "example_id": example_id,
+        "method": method,
         "rewards": {name: None if math.isnan(r) else r for name, r in zip(names, rewards)},
-        "token_ids": list(token_ids), "tokens": list(tokens),
+        "token_ids": list(token_ids),
+        "tokens": list(tokens),
         "weights": {name: weights[i].tolist() for i, name in enumerate(names)},
         "advantage": advantage.tolist(),
     }
@@ -262,9 +288,22 @@ def credit_sample(*, step: int, example_id: str, method: str, names: Sequence[st
     return record
 
 
-def append_samples(path: Path, rows: Sequence[dict], completion_ids: Tensor, mask: Tensor, rewards: Tensor,
-                   weights: Tensor, advantages: Tensor, relevance: Tensor | None, *, step: int, method: str,
-                   names: Sequence[str], decode: Callable[[list[int]], str], no_spread: Tensor | None = None) -> None:
+def append_samples(
+    path: Path,
+    rows: Sequence[dict],
+    completion_ids: Tensor,
+    mask: Tensor,
+    rewards: Tensor,
+    weights: Tensor,
+    advantages: Tensor,
+    relevance: Tensor | None,
+    *,
+    step: int,
+    method: str,
+    names: Sequence[str],
+    decode: Callable[[list[int]], str],
+    no_spread: Tensor | None = None,
+) -> None:
     """Append a :func:`credit_sample` line to ``path`` for each of the batch's first ``len(rows)``
     completions (``rows``: their input rows; ``decode``: one token id list to its text; ``no_spread``
     ``(B, K)`` bool: the rewards without spread in each completion's group)."""
@@ -274,14 +313,33 @@ def append_samples(path: Path, rows: Sequence[dict], completion_ids: Tensor, mas
             n = int(mask[j].sum())
             ids = completion_ids[j, :n].tolist()
             record = credit_sample(
-                step=step, example_id=str(row.get("example_id", "")), method=method, names=names,
-                rewards=rewards[j].tolist(), token_ids=ids, tokens=[decode([i]) for i in ids],
-                weights=weights[j, :, :n], advantage=advantages[j, :n],
+                step=step,
+                example_id=str(row.get("example_id", "")),
+                method=method,
+                names=names,
+                rewards=rewards[j].tolist(),
+                token_ids=ids,
+                tokens=[decode([i]) for i in ids],
+                weights=weights[j, :, :n],
+                advantage=advantages[j, :n],
                 relevance=relevance[j, :, :n] if relevance is not None else None,
-                no_spread=no_spread[j].tolist() if no_spread is not None else None)
+                no_spread=no_spread[j].tolist() if no_spread is not None else None,
+            )
             f.write(json.dumps(record) + "\n")
 
 
-__all__ = ["MetricsJSONL", "append_jsonl", "append_samples", "credit_metric_keys", "credit_metric_sums",
-           "credit_sample", "json_line", "peak_memory_gib", "predicted_gains", "signal_metric_keys",
-           "signal_metric_sums", "trim_jsonl", "DECILE_KEYS"]
+__all__ = [
+    "MetricsJSONL",
+    "append_jsonl",
+    "append_samples",
+    "credit_metric_keys",
+    "credit_metric_sums",
+    "credit_sample",
+    "json_line",
+    "peak_memory_gib",
+    "predicted_gains",
+    "signal_metric_keys",
+    "signal_metric_sums",
+    "trim_jsonl",
+    "DECILE_KEYS",
+]

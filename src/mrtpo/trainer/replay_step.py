@@ -53,16 +53,26 @@ class ReplayStepMixin:
 
     def _counterfactual_texts(self, row: dict, group: GroupPlan) -> list[str]:
         """The group's counterfactual prompts, rendered as TRL renders the prompt (:mod:`mrtpo.replay_plan`)."""
-        return counterfactual_texts(group, row["prompt"], self.reward_func_names, self._render,
-                                    header=self.args.privileged_header, example_id=str(row.get("example_id", "?")))
+        return counterfactual_texts(
+            group,
+            row["prompt"],
+            self.reward_func_names,
+            self._render,
+            header=self.args.privileged_header,
+            example_id=str(row.get("example_id", "?")),
+        )
 
     def _render(self, prompt: Any) -> str:
         """The prompt string exactly as TRL renders it for generation."""
         if isinstance(prompt, str):
             return prompt
         return self.processing_class.apply_chat_template(
-            prompt, tools=self.tools or None, chat_template=self.chat_template,
-            add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs,
+            prompt,
+            tools=self.tools or None,
+            chat_template=self.chat_template,
+            add_generation_prompt=True,
+            tokenize=False,
+            **self.chat_template_kwargs,
         )
 
     def _tokenize(self, prompt: Any, text: str) -> list[int]:
@@ -96,33 +106,55 @@ class ReplayStepMixin:
         base_ids = [[token for token, keep in zip(ids, keeps) if keep] for ids, keeps in zip(prompt_ids, prompt_mask)]
         groups = group_rows([(str(row.get("example_id", j)), tuple(base_ids[j])) for j, row in enumerate(inputs)])
         nonzero = None if coefficients is None else (coefficients != 0).tolist()
-        plan = plan_replays(groups, [self._evidences(inputs[rows[0]]) for rows in groups], lengths.tolist(),
-                            self.credit_method.needs, nonzero)
+        plan = plan_replays(
+            groups,
+            [self._evidences(inputs[rows[0]]) for rows in groups],
+            lengths.tolist(),
+            self.credit_method.needs,
+            nonzero,
+        )
         micro_batch, per_pass = self.args.replay_micro_batch, self.args.replay_groups_per_pass
         packed = self.args.packed_sequences and can_pack(self.model)
         calls = {}
 
         def contexts_of(group) -> list[list[int]]:
             row = inputs[group.rows[0]]
-            return [base_ids[group.rows[0]]] + [self._tokenize(row["prompt"], text)
-                                                for text in self._counterfactual_texts(row, group)]
+            return [base_ids[group.rows[0]]] + [
+                self._tokenize(row["prompt"], text) for text in self._counterfactual_texts(row, group)
+            ]
 
         def agree(replays) -> None:  # every group's contexts first: the call count is agreed before any call
-            calls["planned"] = replay_forward_calls([r.contexts for r in replays], [len(r.lengths) for r in replays],
-                                                    micro_batch, per_pass, packed)
+            calls["planned"] = replay_forward_calls(
+                [r.contexts for r in replays], [len(r.lengths) for r in replays], micro_batch, per_pass, packed
+            )
             calls["target"] = self._agree_forward_calls(calls["planned"])
 
         counter = ForwardCounter()
         # one host copy of the ids (each pass sends its rows back in one); the maps stay on the device until
         # the step's last replay: one host copy per step
-        maps = run_replay_plan(self.model, plan, contexts_of, out["completion_ids"].cpu(), lengths,
-                               device=self.accelerator.device, on_replays=agree, kind=self.args.relevance,
-                               temperature=self.temperature, chunk_size=self.args.relevance_chunk_size,
-                               top_k=self.args.relevance_top_k, micro_batch=micro_batch, groups_per_pass=per_pass,
-                               counter=counter, on_device=True, packed=packed)
+        maps = run_replay_plan(
+            self.model,
+            plan,
+            contexts_of,
+            out["completion_ids"].cpu(),
+            lengths,
+            device=self.accelerator.device,
+            on_replays=agree,
+            kind=self.args.relevance,
+            temperature=self.temperature,
+            chunk_size=self.args.relevance_chunk_size,
+            top_k=self.args.relevance_top_k,
+            micro_batch=micro_batch,
+            groups_per_pass=per_pass,
+            counter=counter,
+            on_device=True,
+            packed=packed,
+        )
         if counter.calls != calls["planned"]:
-            raise RuntimeError(f"replay made {counter.calls} forward calls but planned {calls['planned']}: "
-                               "replay_forward_calls no longer matches mrtpo.replay.pass_context_logits")
+            raise RuntimeError(
+                f"replay made {counter.calls} forward calls but planned {calls['planned']}: "
+                "replay_forward_calls no longer matches mrtpo.replay.pass_context_logits"
+            )
         self._pad_forward_calls(calls["target"] - counter.calls)
         self.replay_forward_calls = calls["target"]
         self._replay_counts = plan.counts()
@@ -133,18 +165,27 @@ class ReplayStepMixin:
         (:func:`mrtpo.known_positions.known_position_mask`: what the ``oracle`` weights, and where the
         ``credit/*/lift`` metrics are measured); ``None`` when no reward's are known. ``checked_spans=False``:
         the gym verifiers' ground truth only (no per-token decoding of a real task's spans)."""
-        known = [f if isinstance(f, VerifierReward) and knows_positions(f.verifier, f.spans_of if checked_spans
-                                                                            else None) else None
-                 for f in self.reward_funcs]
+        known = [
+            f
+            if isinstance(f, VerifierReward) and knows_positions(f.verifier, f.spans_of if checked_spans else None)
+            else None
+            for f in self.reward_funcs
+        ]
         first = next((f for f in known if f is not None), None)
         if first is None:
             return None
         ids = out["completion_ids"].cpu()
         rows = [ids[j, :n].tolist() for j, n in enumerate(out["completion_mask"].sum(-1).long().tolist())]
         texts = [self.processing_class.decode(r, skip_special_tokens=True) for r in rows]
-        return known_position_mask([f.verifier if f else None for f in known],
-                                   [first.examples[row["example_id"]] for row in inputs], texts, rows, ids.shape[1],
-                                   self.processing_class, first.spans_of if checked_spans else None)
+        return known_position_mask(
+            [f.verifier if f else None for f in known],
+            [first.examples[row["example_id"]] for row in inputs],
+            texts,
+            rows,
+            ids.shape[1],
+            self.processing_class,
+            first.spans_of if checked_spans else None,
+        )
 
     def _agree_forward_calls(self, calls: int) -> int:
         """The maximum over ranks of the replay forward calls each rank will make.

@@ -51,8 +51,10 @@ def rows_that_move(inputs: dict[str, Any], zero: Tensor, accelerator: Any) -> tu
     keep = rows_to_keep(zero, count)
     if bool(keep.all()):
         return inputs, left_out
-    return {key: value[keep] if key != "num_items_in_batch" and torch.is_tensor(value) else value
-            for key, value in inputs.items()}, left_out
+    return {
+        key: value[keep] if key != "num_items_in_batch" and torch.is_tensor(value) else value
+        for key, value in inputs.items()
+    }, left_out
 
 
 __all__ = ["rows_that_move", "rows_to_keep"]

@@ -153,8 +153,10 @@ def parse_warm_start(value: Any, task: str) -> tuple[WarmStartSettings | None, b
         if task not in TASK_DEFAULTS:
             if isinstance(value, str) and value.strip().lower() == "auto":
                 return None, False
-            raise WarmStartError(f"warm_start: task {task!r} has no default warm start data; give a mapping "
-                                 "with data: <file.jsonl> (or warm_start: none)")
+            raise WarmStartError(
+                f"warm_start: task {task!r} has no default warm start data; give a mapping "
+                "with data: <file.jsonl> (or warm_start: none)"
+            )
         explicit = not (isinstance(value, str) and value.strip().lower() == "auto")
         return TASK_DEFAULTS[task], explicit
     if isinstance(value, str):
@@ -175,8 +177,9 @@ def parse_warm_start(value: Any, task: str) -> tuple[WarmStartSettings | None, b
                 except ValueError:
                     raise WarmStartError(f"warm_start: {key} must be a number, got {values[key]!r}") from None
         if task not in TASK_DEFAULTS and not values.get("data"):
-            raise WarmStartError(f"warm_start: task {task!r} has no warm start data of its own; "
-                                 "give data: <file.jsonl>")
+            raise WarmStartError(
+                f"warm_start: task {task!r} has no warm start data of its own; give data: <file.jsonl>"
+            )
         try:
             return dataclasses.replace(base, **values), True
         except TypeError as exc:
@@ -194,21 +197,32 @@ def resolve_for_run(value: Any, task: str, model: str) -> tuple[WarmStartSetting
             return None, "warm start: off (warm_start: none)"
         return None, ""
     if not explicit and model != DEFAULT_MODEL:
-        return None, (f"warm start: off for model {model!r} (the default dose was measured on {DEFAULT_MODEL}); "
-                      "warm_start: true or a mapping of settings builds one for it")
+        return None, (
+            f"warm start: off for model {model!r} (the default dose was measured on {DEFAULT_MODEL}); "
+            "warm_start: true or a mapping of settings builds one for it"
+        )
     if settings.steps == 0:
         return None, "warm start: steps 0, the base model as it is"
-    return settings, (f"warm start: {settings.steps} LoRA SFT steps on "
-                      f"{settings.data or task + ' training pairs'} (built and cached on first use; warm_start: none "
-                      "turns it off)")
+    return settings, (
+        f"warm start: {settings.steps} LoRA SFT steps on "
+        f"{settings.data or task + ' training pairs'} (built and cached on first use; warm_start: none "
+        "turns it off)"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Training.
 # --------------------------------------------------------------------------------------------
-def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, str]], settings: WarmStartSettings,
-            output_dir: str | os.PathLike, *, save_steps: int | None = None,
-            log=logger.info) -> tuple[Any, dict[str, Any]]:
+def run_sft(
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, str]],
+    settings: WarmStartSettings,
+    output_dir: str | os.PathLike,
+    *,
+    save_steps: int | None = None,
+    log=logger.info,
+) -> tuple[Any, dict[str, Any]]:
     """LoRA SFT of ``model`` on ``rows`` with TRL's ``SFTTrainer``; returns ``(merged model, stats)``.
 
     One pair per forward, ``batch_size`` of them accumulated per optimizer step: the same update as a
@@ -228,40 +242,74 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, str]], settings: Wa
         return model, {"steps": 0, "seconds": 0.0, "pairs": len(rows)}
     cpu = not torch.cuda.is_available()
     config = SFTConfig(
-        output_dir=str(output_dir), max_steps=settings.steps, per_device_train_batch_size=1,
-        gradient_accumulation_steps=settings.batch_size, learning_rate=settings.learning_rate,
+        output_dir=str(output_dir),
+        max_steps=settings.steps,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=settings.batch_size,
+        learning_rate=settings.learning_rate,
         lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_length=settings.max_length, completion_only_loss=True,
-        packing=False, logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
-        report_to="none", seed=settings.seed, data_seed=settings.seed, use_cpu=cpu, bf16=False if cpu else None,
-        activation_checkpointing=False, disable_tqdm=True, dataloader_num_workers=0,
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_length=settings.max_length,
+        completion_only_loss=True,
+        packing=False,
+        logging_steps=1,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        report_to="none",
+        seed=settings.seed,
+        data_seed=settings.seed,
+        use_cpu=cpu,
+        bf16=False if cpu else None,
+        activation_checkpointing=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
     )
-    lora = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
-                      target_modules=list(settings.target_modules) if isinstance(settings.target_modules, tuple)
-                      else settings.target_modules, task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=settings.lora_r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=list(settings.target_modules)
+        if isinstance(settings.target_modules, tuple)
+        else settings.target_modules,
+        task_type="CAUSAL_LM",
+    )
     if settings.text_tags:  # tokenized here (TRL takes tokenized rows as they are): tags as ordinary tokens
-        dataset = Dataset.from_list([
-            {"input_ids": p + c, "completion_mask": [0] * len(p) + [1] * len(c)}
-            for r in rows
-            for p, c in [(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"],
-                          text_token_ids(tokenizer, r["completion"], settings.text_tags))]])
+        dataset = Dataset.from_list(
+            [
+                {"input_ids": p + c, "completion_mask": [0] * len(p) + [1] * len(c)}
+                for r in rows
+                for p, c in [
+                    (
+                        tokenizer(r["prompt"], add_special_tokens=False)["input_ids"],
+                        text_token_ids(tokenizer, r["completion"], settings.text_tags),
+                    )
+                ]
+            ]
+        )
     else:
         dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
     model.train()
-    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                         peft_config=lora)
+    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora)
     t0 = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - t0
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     merged = trainer.model.merge_and_unload()
     merged.eval()
-    stats = {"steps": int(result.global_step), "seconds": round(seconds, 1), "pairs": len(rows),
-             "seconds_per_step": round(seconds / max(result.global_step, 1), 2),
-             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-             "losses": losses}
-    log(f"warm start: {stats['steps']} steps in {seconds:.0f} s ({stats['seconds_per_step']} s/step), loss "
-        f"{stats['first_loss']} -> {stats['last_loss']}")
+    stats = {
+        "steps": int(result.global_step),
+        "seconds": round(seconds, 1),
+        "pairs": len(rows),
+        "seconds_per_step": round(seconds / max(result.global_step, 1), 2),
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "losses": losses,
+    }
+    log(
+        f"warm start: {stats['steps']} steps in {seconds:.0f} s ({stats['seconds_per_step']} s/step), loss "
+        f"{stats['first_loss']} -> {stats['last_loss']}"
+    )
     return merged, stats
 
 
@@ -291,13 +339,21 @@ def _data_identity(settings: WarmStartSettings, task: Any) -> dict[str, Any]:
     return {"task": task.name, **task.warm_start_identity()}
 
 
-def warm_start_dir(model: str, settings: WarmStartSettings, task: Any = None,
-                   cache_dir: str | os.PathLike | None = None) -> Path:
+def warm_start_dir(
+    model: str, settings: WarmStartSettings, task: Any = None, cache_dir: str | os.PathLike | None = None
+) -> Path:
     """The cache folder of this warm start (it may not exist yet)."""
     from mrtpo.models import cache_root, resolve_model
 
-    blob = json.dumps({"format": CACHE_FORMAT, "base": _base_identity(model), "settings": settings.record(),
-                       "data": _data_identity(settings, task)}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "base": _base_identity(model),
+            "settings": settings.record(),
+            "data": _data_identity(settings, task),
+        },
+        sort_keys=True,
+    )
     key = hashlib.sha256(blob.encode()).hexdigest()[:10]
     what = Path(settings.data).stem if settings.data else getattr(task, "name", "task")
     return cache_root(cache_dir) / "warm-start" / f"{resolve_model(model).name}-{what}-{settings.steps}steps-{key}"
@@ -311,8 +367,9 @@ def _complete(entry: Path) -> dict | None:
     return info if info.get("format") == CACHE_FORMAT and (entry / "config.json").is_file() else None
 
 
-def build_warm_start(model: str, settings: WarmStartSettings, task: Any = None, out: str | os.PathLike | None = None,
-                     *, log=logger.info) -> Path:
+def build_warm_start(
+    model: str, settings: WarmStartSettings, task: Any = None, out: str | os.PathLike | None = None, *, log=logger.info
+) -> Path:
     """Train the warm start and save the merged model folder at ``out`` (written atomically)."""
     import torch
 
@@ -324,21 +381,35 @@ def build_warm_start(model: str, settings: WarmStartSettings, task: Any = None, 
     try:
         t0 = time.perf_counter()
         base, tokenizer = load_policy(model, dtype=torch.float32)
-        rows = (file_rows(settings.data, tokenizer, settings.limit) if settings.data
-                else task_rows(task, tokenizer, settings.limit))
+        rows = (
+            file_rows(settings.data, tokenizer, settings.limit)
+            if settings.data
+            else task_rows(task, tokenizer, settings.limit)
+        )
         rows, dropped = fit_rows(rows, tokenizer, settings.max_length)
-        log(f"warm start: {len(rows)} pairs ({dropped} longer than {settings.max_length} tokens left out), "
-            f"{settings.steps} steps x {settings.batch_size}, lr {settings.learning_rate}, LoRA r={settings.lora_r}")
+        log(
+            f"warm start: {len(rows)} pairs ({dropped} longer than {settings.max_length} tokens left out), "
+            f"{settings.steps} steps x {settings.batch_size}, lr {settings.learning_rate}, LoRA r={settings.lora_r}"
+        )
         merged, stats = run_sft(base, tokenizer, rows, settings, tmp / "trainer", log=log)
         staged = tmp / "model"
         merged.save_pretrained(staged, safe_serialization=True)
         tokenizer.save_pretrained(staged)
-        record = {"format": CACHE_FORMAT, "base_model": model, "base": _base_identity(model),
-                  "task": getattr(task, "name", None), "data": _data_identity(settings, task),
-                  "settings": settings.record(), "pairs": len(rows), "left_out_longer": dropped,
-                  "train": {k: v for k, v in stats.items() if k != "losses"}, "losses": stats.get("losses", []),
-                  "built_s": round(time.perf_counter() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  "torch_threads": torch.get_num_threads()}
+        record = {
+            "format": CACHE_FORMAT,
+            "base_model": model,
+            "base": _base_identity(model),
+            "task": getattr(task, "name", None),
+            "data": _data_identity(settings, task),
+            "settings": settings.record(),
+            "pairs": len(rows),
+            "left_out_longer": dropped,
+            "train": {k: v for k, v in stats.items() if k != "losses"},
+            "losses": stats.get("losses", []),
+            "built_s": round(time.perf_counter() - t0, 1),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "torch_threads": torch.get_num_threads(),
+        }
         (staged / _MARKER).write_text(json.dumps(record, indent=2) + "\n")
         if out.exists():
             if _complete(out) is not None and out.parent.name == "warm-start":
@@ -352,8 +423,15 @@ def build_warm_start(model: str, settings: WarmStartSettings, task: Any = None, 
     return out
 
 
-def load_warm_start(model: str, settings: WarmStartSettings, task: Any = None, dtype: Any = None,
-                    cache_dir: str | os.PathLike | None = None, *, log=logger.info):
+def load_warm_start(
+    model: str,
+    settings: WarmStartSettings,
+    task: Any = None,
+    dtype: Any = None,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    log=logger.info,
+):
     """``(model, tokenizer, folder)``: the warm-started policy, built and cached on first use."""
     import torch
 

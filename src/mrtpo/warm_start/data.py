@@ -37,9 +37,10 @@ def completion_for(tokenizer: Any, messages: list[dict[str, Any]], prompt: str, 
         at = next((i for i, (a, b) in enumerate(zip(full, prompt)) if a != b), min(len(full), len(prompt)))
         raise WarmStartError(
             "the chat template does not render the prompt as the start of prompt + answer (first difference "
-            f"at character {at}: {prompt[at:at + 40]!r} vs {full[at:at + 40]!r}); give rendered strings instead: "
-            '{"prompt": "<rendered prompt>", "completion": "<answer>"}')
-    completion = full[len(prompt):]
+            f"at character {at}: {prompt[at : at + 40]!r} vs {full[at : at + 40]!r}); give rendered strings instead: "
+            '{"prompt": "<rendered prompt>", "completion": "<answer>"}'
+        )
+    completion = full[len(prompt) :]
     if eos and completion.rstrip().endswith(eos):
         completion = completion.rstrip()
     if answer not in completion:
@@ -54,24 +55,36 @@ def task_rows(task: Any, tokenizer: Any, limit: int | None = None) -> list[dict[
     from mrtpo.task_base import implements
 
     if not implements(task, "warm_start_pairs"):
-        raise WarmStartError(f"task {getattr(task, 'name', task)!r} has no warm start pairs of its own; "
-                             "give a JSONL file (warm_start: {data: <file>} or mrtpo sft --data <file>)")
+        raise WarmStartError(
+            f"task {getattr(task, 'name', task)!r} has no warm start pairs of its own; "
+            "give a JSONL file (warm_start: {data: <file>} or mrtpo sft --data <file>)"
+        )
     render = prompt_renderer(task, tokenizer)
     rows = []
     for example, answer in task.warm_start_pairs(limit):
         if example.split != "train":
-            raise WarmStartError(f"warm start pair {example.id!r} is from split {example.split!r}; only training "
-                                 "items may be used")
+            raise WarmStartError(
+                f"warm start pair {example.id!r} is from split {example.split!r}; only training items may be used"
+            )
         prompt = render(example)
-        rows.append({"id": example.id, "prompt": prompt,
-                     "completion": completion_for(tokenizer, example.messages, prompt, answer)})
+        rows.append(
+            {
+                "id": example.id,
+                "prompt": prompt,
+                "completion": completion_for(tokenizer, example.messages, prompt, answer),
+            }
+        )
     return rows
 
 
 def _messages_ok(value: Any) -> bool:
-    return (isinstance(value, list) and bool(value)
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in value))
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+        )
+    )
 
 
 def file_rows(path: str | os.PathLike, tokenizer: Any, limit: int | None = None) -> list[dict[str, str]]:
@@ -100,13 +113,17 @@ def file_rows(path: str | os.PathLike, tokenizer: Any, limit: int | None = None)
 
 
 def _row(item: dict[str, Any], tokenizer: Any, where: str, row_id: str) -> dict[str, str]:
-    shapes = ('{"messages": [..., {"role": "assistant", "content": ...}]}, {"prompt": [messages], "completion": ...} '
-              'or {"prompt": "<rendered prompt>", "completion": "<answer>"}')
+    shapes = (
+        '{"messages": [..., {"role": "assistant", "content": ...}]}, {"prompt": [messages], "completion": ...} '
+        'or {"prompt": "<rendered prompt>", "completion": "<answer>"}'
+    )
     if "messages" in item:
         messages = item["messages"]
         if not _messages_ok(messages) or messages[-1]["role"] != "assistant" or len(messages) < 2:
-            raise WarmStartError(f"{where}: messages must be a list of {{role, content}} strings ending with an "
-                                 "assistant turn after at least one other turn")
+            raise WarmStartError(
+                f"{where}: messages must be a list of {{role, content}} strings ending with an "
+                "assistant turn after at least one other turn"
+            )
         prompt_messages, answer = messages[:-1], messages[-1]["content"]
     elif "prompt" in item and "completion" in item:
         prompt, answer = item["prompt"], item["completion"]
@@ -136,11 +153,15 @@ def _row(item: dict[str, Any], tokenizer: Any, where: str, row_id: str) -> dict[
 
 def fit_rows(rows: list[dict[str, str]], tokenizer: Any, max_length: int) -> tuple[list[dict[str, str]], int]:
     """The rows whose prompt + completion fit ``max_length`` tokens, and how many were left out."""
-    kept = [r for r in rows
-            if len(tokenizer(r["prompt"] + r["completion"], add_special_tokens=False)["input_ids"]) <= max_length]
+    kept = [
+        r
+        for r in rows
+        if len(tokenizer(r["prompt"] + r["completion"], add_special_tokens=False)["input_ids"]) <= max_length
+    ]
     if not kept:
-        raise WarmStartError(f"none of the {len(rows)} warm start pairs fits max_length={max_length} tokens; "
-                             "raise max_length")
+        raise WarmStartError(
+            f"none of the {len(rows)} warm start pairs fits max_length={max_length} tokens; raise max_length"
+        )
     return kept, len(rows) - len(kept)
 
 

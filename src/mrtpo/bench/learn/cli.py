@@ -38,49 +38,82 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mrtpo bench learn",
         description="Train several credit methods side by side on one task (same seeds, data order and "
-                    "generation settings), evaluate each on the held-out split at fixed intervals, and write "
-                    "one comparison (PNG curves, Markdown + JSON table). Resumable: finished runs are skipped.",
+        "generation settings), evaluate each on the held-out split at fixed intervals, and write "
+        "one comparison (PNG curves, Markdown + JSON table). Resumable: finished runs are skipped.",
         epilog="Any training key can follow as key=value (e.g. learning_rate=1e-5), except method/seed/task/"
-               "output_dir, which the benchmark sets.",
+        "output_dir, which the benchmark sets.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--task", required=True,
-                   help=f"{', '.join(TASK_NAMES)}, a plugin's (MRTPO_PLUGINS) or a task file (.yaml)")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="comma-separated credit methods; LABEL=METHOD adds a variant of a method under its own "
-                        "name, whose settings --method-setting LABEL:key=value gives (e.g. bounded=mrtpo)")
+    p.add_argument(
+        "--task", required=True, help=f"{', '.join(TASK_NAMES)}, a plugin's (MRTPO_PLUGINS) or a task file (.yaml)"
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help="comma-separated credit methods; LABEL=METHOD adds a variant of a method under its own "
+        "name, whose settings --method-setting LABEL:key=value gives (e.g. bounded=mrtpo)",
+    )
     p.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comma-separated seeds")
-    p.add_argument("--policies", help="gym tasks: comma-separated warm-start seeds (task_args policy.seed); every "
-                                      "method x policy x seed is trained and the effect's interval covers both "
-                                      "levels (default: the task's default policy only)")
+    p.add_argument(
+        "--policies",
+        help="gym tasks: comma-separated warm-start seeds (task_args policy.seed); every "
+        "method x policy x seed is trained and the effect's interval covers both "
+        "levels (default: the task's default policy only)",
+    )
     p.add_argument("--preset", default="cpu", help="cpu, gpu or a preset YAML file")
-    p.add_argument("--config", action="append", default=[], metavar="YAML",
-                   help="extra training config applied to every run, after the preset (repeatable)")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="extra training config applied to every run, after the preset (repeatable)",
+    )
     p.add_argument("--max-steps", type=int, help="optimizer steps per run (default: the preset's)")
-    p.add_argument("--eval-every", type=int,
-                   help="evaluate every N steps, also at step 0 and at the end (default: the preset's)")
-    p.add_argument("--eval-size", type=int,
-                   help="first M examples of the held-out split, 0: no evaluation (default: the preset's)")
-    p.add_argument("--eval-batch-size", type=int,
-                   help="prompts per generate call in evaluation (default: the preset's)")
-    p.add_argument("--eval-max-new-tokens", type=int,
-                   help="generation cap in evaluation (default: the preset's, else the task's)")
+    p.add_argument(
+        "--eval-every", type=int, help="evaluate every N steps, also at step 0 and at the end (default: the preset's)"
+    )
+    p.add_argument(
+        "--eval-size", type=int, help="first M examples of the held-out split, 0: no evaluation (default: the preset's)"
+    )
+    p.add_argument(
+        "--eval-batch-size", type=int, help="prompts per generate call in evaluation (default: the preset's)"
+    )
+    p.add_argument(
+        "--eval-max-new-tokens", type=int, help="generation cap in evaluation (default: the preset's, else the task's)"
+    )
     p.add_argument("--target-reward", type=float, help="target for the steps-to-target table (default: the preset's)")
-    p.add_argument("--target-key", help="metric the target applies to: reward (the total) or "
-                                        "rewards/<name>/mean (default: the preset's, else reward)")
-    p.add_argument("--target-window", type=int,
-                   help="trailing mean over this many steps (default: the preset's, else 1)")
-    p.add_argument("--no-share-start-eval", action="store_true",
-                   help="evaluate step 0 in every run (default: once per benchmark, copied to the other runs, "
-                        "since every run starts from the same policy)")
-    p.add_argument("--output-dir", "--out", dest="out", metavar="DIR",
-                   help="benchmark folder (default: runs/bench/learn-<task>)")
-    p.add_argument("--method-setting", action="append", default=[], metavar="METHOD:key=value",
-                   help="a setting for one method only, e.g. mrtpo:learning_rate=3e-4 (each method at its own "
-                        "best learning rate); repeatable")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="runs trained at once, each in its own single-thread process (1: one after "
-                        "another in this process). Small models (the gym) are fastest with one process per core")
+    p.add_argument(
+        "--target-key",
+        help="metric the target applies to: reward (the total) or "
+        "rewards/<name>/mean (default: the preset's, else reward)",
+    )
+    p.add_argument(
+        "--target-window", type=int, help="trailing mean over this many steps (default: the preset's, else 1)"
+    )
+    p.add_argument(
+        "--no-share-start-eval",
+        action="store_true",
+        help="evaluate step 0 in every run (default: once per benchmark, copied to the other runs, "
+        "since every run starts from the same policy)",
+    )
+    p.add_argument(
+        "--output-dir", "--out", dest="out", metavar="DIR", help="benchmark folder (default: runs/bench/learn-<task>)"
+    )
+    p.add_argument(
+        "--method-setting",
+        action="append",
+        default=[],
+        metavar="METHOD:key=value",
+        help="a setting for one method only, e.g. mrtpo:learning_rate=3e-4 (each method at its own "
+        "best learning rate); repeatable",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at once, each in its own single-thread process (1: one after "
+        "another in this process). Small models (the gym) are fastest with one process per core",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON [method, policy, seed] list: the runs this worker trains
     p.add_argument("--compare-only", action="store_true", help="only rebuild the comparison from finished runs")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their status, train nothing")
@@ -152,10 +185,12 @@ def _header(argv: list[str], preset: Path, config, settings: dict[str, Any]) -> 
         "machine": machine_info()["summary"],
         "model": f"{run.model} ({f'LoRA r={run.lora_r}' if run.lora_r else 'full fine-tuning'}, {run.dtype})",
         "preset": str(preset),
-        "settings": (f"{args.max_steps} steps × {prompts} prompt{'s' * (prompts != 1)} × {args.num_generations} "
-                     f"completions, max {args.max_completion_length} tokens, T={args.temperature}, "
-                     f"lr {args.learning_rate:g}; eval on {settings['eval_size']} held-out items every "
-                     f"{settings['eval_every']} steps"),
+        "settings": (
+            f"{args.max_steps} steps × {prompts} prompt{'s' * (prompts != 1)} × {args.num_generations} "
+            f"completions, max {args.max_completion_length} tokens, T={args.temperature}, "
+            f"lr {args.learning_rate:g}; eval on {settings['eval_size']} held-out items every "
+            f"{settings['eval_every']} steps"
+        ),
     }
 
 
@@ -164,15 +199,19 @@ def _print_summary(result: dict[str, Any], settings: dict[str, Any]) -> None:
         s = result["summary"].get(method)
         if not s or not s["seeds"]:
             continue
-        parts = [f"reward {fmt_mean_std(s['final']['reward'])}",
-                 f"length {fmt_mean_std(s['final']['completions/mean_length'], '{:.1f}')}"]
+        parts = [
+            f"reward {fmt_mean_std(s['final']['reward'])}",
+            f"length {fmt_mean_std(s['final']['completions/mean_length'], '{:.1f}')}",
+        ]
         if result["heldout_metrics"]:
             m = result["heldout_metrics"][0]
-            parts.append(f"held-out {m} {fmt_mean_std(s['heldout'][m]['start'])} -> "
-                         f"{fmt_mean_std(s['heldout'][m]['end'])}")
+            parts.append(
+                f"held-out {m} {fmt_mean_std(s['heldout'][m]['start'])} -> {fmt_mean_std(s['heldout'][m]['end'])}"
+            )
         if "steps_to_target" in s:
-            parts.append(f"steps to {settings['target_key']}>={settings['target_reward']:g}: "
-                         f"{s['steps_to_target']['text']}")
+            parts.append(
+                f"steps to {settings['target_key']}>={settings['target_reward']:g}: {s['steps_to_target']['text']}"
+            )
         print(f"  {method:<9} " + " | ".join(parts))
 
 
@@ -195,12 +234,18 @@ def _run_workers(argv: list[str], todo: list[tuple], jobs: int) -> None:
             rest.append(a)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     print(f"training in {jobs} worker processes (one thread each)", flush=True)
-    workers = [subprocess.Popen([sys.executable, "-m", "mrtpo.cli", "bench", "learn", *rest,
-                                 "--worker", json.dumps(todo[k::jobs])], env=env) for k in range(jobs)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "mrtpo.cli", "bench", "learn", *rest, "--worker", json.dumps(todo[k::jobs])], env=env
+        )
+        for k in range(jobs)
+    ]
     failed = [k for k, w in enumerate(workers) if w.wait() != 0]
     if failed:
-        raise BenchError(f"worker(s) {failed} failed (their output is above); finished runs are kept, "
-                         "run the same command again to train the rest")
+        raise BenchError(
+            f"worker(s) {failed} failed (their output is above); finished runs are kept, "
+            "run the same command again to train the rest"
+        )
 
 
 def _main(ns, argv: list[str]) -> int:
@@ -235,20 +280,31 @@ def _main(ns, argv: list[str]) -> int:
             method_settings.setdefault(method.strip(), {}).update(parse_overrides([setting]))
         except ConfigError as exc:
             raise BenchError(str(exc)) from None
-    plans = plan_configs(ns.task, methods, seeds, preset_train, str(preset), ns.config, overrides, out,
-                         method_settings, policies, bases)
+    plans = plan_configs(
+        ns.task, methods, seeds, preset_train, str(preset), ns.config, overrides, out, method_settings, policies, bases
+    )
     header = _header(argv, preset, next(iter(plans.values())), settings)
     if method_settings:
         header["settings"] += "; per method: " + "; ".join(
-            f"{m} " + ", ".join(f"{k}={v}" for k, v in s.items()) for m, s in method_settings.items())
+            f"{m} " + ", ".join(f"{k}={v}" for k, v in s.items()) for m, s in method_settings.items()
+        )
     if ns.compare_only and (out / "bench.json").is_file():  # keep the command that trained the runs
         saved = json.loads((out / "bench.json").read_text())
         header.update({k: saved[k] for k in header if k in saved})
 
     def compare() -> dict[str, Any]:
-        return build_comparison(out, ns.task, methods, seeds, target=settings["target_reward"],
-                                target_key=settings["target_key"], target_window=settings["target_window"],
-                                tail=settings["tail"], header=header, policies=policies)
+        return build_comparison(
+            out,
+            ns.task,
+            methods,
+            seeds,
+            target=settings["target_reward"],
+            target_key=settings["target_key"],
+            target_window=settings["target_window"],
+            tail=settings["tail"],
+            header=header,
+            policies=policies,
+        )
 
     status = run_status(plans, out, settings)
     print(f"mrtpo bench learn · task {ns.task} · {header['model']} · {header['settings']} · output {out}", flush=True)
@@ -259,17 +315,26 @@ def _main(ns, argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if not ns.compare_only:
         if not ns.worker:  # the parent's command is the one to keep
-            request = {**header, "task": ns.task, "methods": methods, "seeds": seeds,
-                       **({"policies": policies} if policies is not None else {}),
-                       "configs": ns.config, "overrides": overrides, "bench": settings}
+            request = {
+                **header,
+                "task": ns.task,
+                "methods": methods,
+                "seeds": seeds,
+                **({"policies": policies} if policies is not None else {}),
+                "configs": ns.config,
+                "overrides": overrides,
+                "bench": settings,
+            }
             (out / "bench.json").write_text(json.dumps(request, indent=1, default=str) + "\n")
         todo = [key for key, st in status.items() if st != "finished"]
         if ns.jobs > 1 and len(todo) > 1:
             _run_workers(argv, todo, min(ns.jobs, len(todo)))
             unfinished = [key for key, st in run_status(plans, out, settings).items() if st != "finished"]
             if unfinished:
-                raise BenchError(f"the workers left {len(unfinished)} run(s) unfinished: "
-                                 + ", ".join(f"{m} {_where(s, p)}" for m, p, s in unfinished))
+                raise BenchError(
+                    f"the workers left {len(unfinished)} run(s) unfinished: "
+                    + ", ".join(f"{m} {_where(s, p)}" for m, p, s in unfinished)
+                )
             todo = []
         elif ns.worker:
             mine = {tuple(key) for key in json.loads(ns.worker)}
@@ -281,8 +346,11 @@ def _main(ns, argv: list[str]) -> int:
                 info = run_one(plans[(method, policy, seed)], settings, start_eval=start_eval_file(policy))
             except (ConfigError, ModelLoadError) as exc:
                 raise BenchError(str(exc)) from None
-            print(f"[{i}/{len(todo)}] {name}: {info['steps']} steps, train {info['train_s']:.0f} s, "
-                  f"eval {info['eval_s']:.0f} s", flush=True)
+            print(
+                f"[{i}/{len(todo)}] {name}: {info['steps']} steps, train {info['train_s']:.0f} s, "
+                f"eval {info['eval_s']:.0f} s",
+                flush=True,
+            )
             if not ns.worker:  # workers leave the comparison to their parent
                 compare()
     if ns.worker:

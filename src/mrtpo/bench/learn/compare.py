@@ -89,8 +89,9 @@ class FinishedRun:
 
     def heldout_series(self, metric: str) -> tuple[list[int], list[float]]:
         """``(steps, values)`` of one held-out metric over this run's evaluations."""
-        pairs = [(e["step"], float(e["metrics"][metric])) for e in self.evals
-                 if finite(e.get("metrics", {}).get(metric))]
+        pairs = [
+            (e["step"], float(e["metrics"][metric])) for e in self.evals if finite(e.get("metrics", {}).get(metric))
+        ]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -99,36 +100,61 @@ def unit(seed: int, policy: int | None = None) -> int | str:
     return seed if policy is None else run_label(seed, policy)
 
 
-def load_runs(out: Path, methods: Sequence[str], seeds: Sequence[int],
-              policies: Sequence[int] | None = None) -> tuple[list[FinishedRun], list[list]]:
+def load_runs(
+    out: Path, methods: Sequence[str], seeds: Sequence[int], policies: Sequence[int] | None = None
+) -> tuple[list[FinishedRun], list[list]]:
     """The finished runs under ``out`` and those not finished (left out): ``[method, seed]``, or
     ``[method, policy, seed]`` over ``policies``."""
     from mrtpo.report.curves import load_metrics
 
     runs, missing = [], []
     for method in methods:
-        for policy in ([None] if policies is None else policies):
+        for policy in [None] if policies is None else policies:
             for seed in seeds:
                 folder = run_dir(out, method, seed, policy)
                 if not (folder / FINISHED).is_file():
                     missing.append([method, seed] if policy is None else [method, policy, seed])
                     continue
                 batches = [b for b in _read_jsonl(folder / "prompts.jsonl") if b.get("training") and "completions" in b]
-                runs.append(FinishedRun(method, seed, folder, json.loads((folder / FINISHED).read_text()),
-                                        load_metrics(folder / "metrics.jsonl"), _read_jsonl(folder / "eval.jsonl"),
-                                        batches, policy))
+                runs.append(
+                    FinishedRun(
+                        method,
+                        seed,
+                        folder,
+                        json.loads((folder / FINISHED).read_text()),
+                        load_metrics(folder / "metrics.jsonl"),
+                        _read_jsonl(folder / "eval.jsonl"),
+                        batches,
+                        policy,
+                    )
+                )
     return runs, missing
 
 
-def _run_row(run: FinishedRun, keys: Sequence[str], heldout: Sequence[str], tail: int,
-             target: float | None, target_key: str, target_window: int) -> dict[str, Any]:
+def _run_row(
+    run: FinishedRun,
+    keys: Sequence[str],
+    heldout: Sequence[str],
+    tail: int,
+    target: float | None,
+    target_key: str,
+    target_window: int,
+) -> dict[str, Any]:
     """One run's line of the table: final training values, held-out start/end, steps to target."""
     from mrtpo.report.curves import series
 
-    row = {"method": run.method, "seed": run.seed, **({} if run.policy is None else {"policy": run.policy}),
-           "folder": str(run.folder), "steps": run.info["steps"],
-           "wall_s": run.info.get("wall_s"), "train_s": run.info.get("train_s"), "eval_s": run.info.get("eval_s"),
-           "final": {k: tail_mean(series(run.records, k)[1], tail) for k in keys}, "heldout": {}}
+    row = {
+        "method": run.method,
+        "seed": run.seed,
+        **({} if run.policy is None else {"policy": run.policy}),
+        "folder": str(run.folder),
+        "steps": run.info["steps"],
+        "wall_s": run.info.get("wall_s"),
+        "train_s": run.info.get("train_s"),
+        "eval_s": run.info.get("eval_s"),
+        "final": {k: tail_mean(series(run.records, k)[1], tail) for k in keys},
+        "heldout": {},
+    }
     for m in heldout:
         steps, values = run.heldout_series(m)
         if values:
@@ -161,17 +187,28 @@ def _measures(rows: Sequence[Mapping[str, Any]], headline: str | None, with_targ
     return measures
 
 
-def _paired(rows: Sequence[Mapping[str, Any]], methods: Sequence[str], reference: str,
-            measures: Mapping[str, Any]) -> dict[str, Any]:
+def _paired(
+    rows: Sequence[Mapping[str, Any]], methods: Sequence[str], reference: str, measures: Mapping[str, Any]
+) -> dict[str, Any]:
     """Each method against ``reference``, seed by seed (policy and seed over policies), per measure;
     steps to the target over the seeds where both reached it."""
-    return {method: {name: paired_comparison(_per_seed(rows, method, get), _per_seed(rows, reference, get))
-                     for name, get in measures.items()}
-            for method in methods if method != reference}
+    return {
+        method: {
+            name: paired_comparison(_per_seed(rows, method, get), _per_seed(rows, reference, get))
+            for name, get in measures.items()
+        }
+        for method in methods
+        if method != reference
+    }
 
 
-def _two_level(rows: Sequence[Mapping[str, Any]], methods: Sequence[str], reference: str, policies: Sequence[int],
-               measures: Mapping[str, Any]) -> dict[str, Any]:
+def _two_level(
+    rows: Sequence[Mapping[str, Any]],
+    methods: Sequence[str],
+    reference: str,
+    policies: Sequence[int],
+    measures: Mapping[str, Any],
+) -> dict[str, Any]:
     """Each method against ``reference`` over policies and seeds: per policy the seed-paired
     comparison (``per_policy``), over all of them :func:`~.stats.two_level_interval`."""
     out = {}
@@ -181,10 +218,14 @@ def _two_level(rows: Sequence[Mapping[str, Any]], methods: Sequence[str], refere
         out[method] = {}
         for name, get in measures.items():
             pairs = {p: (_one_policy(rows, method, get, p), _one_policy(rows, reference, get, p)) for p in policies}
-            diffs = {p: [float(a[s]) - float(b[s]) for s in a if s in b and finite(a[s]) and finite(b[s])]
-                     for p, (a, b) in pairs.items()}
-            out[method][name] = {**two_level_interval(diffs),
-                                 "per_policy": {str(p): paired_comparison(a, b) for p, (a, b) in pairs.items()}}
+            diffs = {
+                p: [float(a[s]) - float(b[s]) for s in a if s in b and finite(a[s]) and finite(b[s])]
+                for p, (a, b) in pairs.items()
+            }
+            out[method][name] = {
+                **two_level_interval(diffs),
+                "per_policy": {str(p): paired_comparison(a, b) for p, (a, b) in pairs.items()},
+            }
     return out
 
 
@@ -217,19 +258,35 @@ def _shared_with_first(methods: Sequence[str], runs: Sequence[FinishedRun]) -> d
                 continue
             got = shared_samples([b["completions"] for b in ref], [b["completions"] for b in run.batches])
             i = got["first_different"]
-            per_seed[str(run.unit)] = {"share": got["share"], "compared": got["compared"],
-                                       "first_different_step": None if i is None else ref[i]["step"] + 1}
+            per_seed[str(run.unit)] = {
+                "share": got["share"],
+                "compared": got["compared"],
+                "first_different_step": None if i is None else ref[i]["step"] + 1,
+            }
         if per_seed:
-            out[method] = {"reference": reference, "share": describe([v["share"] for v in per_seed.values()]),
-                           "per_seed": per_seed}
+            out[method] = {
+                "reference": reference,
+                "share": describe([v["share"] for v in per_seed.values()]),
+                "per_seed": per_seed,
+            }
     return out
 
 
-def build_comparison(out: str | os.PathLike, task: Any, methods: Sequence[str], seeds: Sequence[int],
-                     target: float | None = None, target_key: str = TOTAL, target_window: int = 1,
-                     tail: int = 3, heldout: Sequence[str] | None = None, header: Mapping[str, Any] | None = None,
-                     plots: bool = True, reference: str = REFERENCE_METHOD,
-                     policies: Sequence[int] | None = None) -> dict[str, Any]:
+def build_comparison(
+    out: str | os.PathLike,
+    task: Any,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    target: float | None = None,
+    target_key: str = TOTAL,
+    target_window: int = 1,
+    tail: int = 3,
+    heldout: Sequence[str] | None = None,
+    header: Mapping[str, Any] | None = None,
+    plots: bool = True,
+    reference: str = REFERENCE_METHOD,
+    policies: Sequence[int] | None = None,
+) -> dict[str, Any]:
     """Read the finished runs under ``out``, write comparison.json/.md and the PNGs; return the JSON.
 
     ``task`` is a task object or name (for its held-out metrics; ``heldout`` overrides them).
@@ -265,13 +322,19 @@ def build_comparison(out: str | os.PathLike, task: Any, methods: Sequence[str], 
         summary[method] = {
             "seeds": [r.unit for r in mine],
             "final": {k: describe([r["final"][k] for r in my_rows]) for k in keys},
-            "heldout": {m: {edge: describe([r["heldout"][m][edge] for r in my_rows if m in r["heldout"]])
-                            for edge in ("start", "end")} for m in heldout},
+            "heldout": {
+                m: {
+                    edge: describe([r["heldout"][m][edge] for r in my_rows if m in r["heldout"]])
+                    for edge in ("start", "end")
+                }
+                for m in heldout
+            },
             "wall_s": describe([r.info.get("wall_s") for r in mine]),
         }
         if target is not None:
             summary[method]["steps_to_target"] = summarise_steps_to_target(
-                {unit(r["seed"], r.get("policy")): r["steps_to_target"] for r in my_rows}, max_steps)
+                {unit(r["seed"], r.get("policy")): r["steps_to_target"] for r in my_rows}, max_steps
+            )
         if method in shared:
             summary[method]["shared_samples"] = shared[method]
         curves[method] = {k: aggregate_curves({r.unit: series(r.records, k) for r in mine}) for k in keys}
@@ -287,10 +350,20 @@ def build_comparison(out: str | os.PathLike, task: Any, methods: Sequence[str], 
         if len(methods) >= 2:
             extra["two_level"] = {"reference": ref, "by_method": _two_level(rows, methods, ref, policies, measures)}
     result = {
-        "task": task_name, "methods": list(methods), "seeds": list(seeds), **extra, "header": dict(header or {}),
-        "rewards": names, "tail": tail, "heldout_metrics": heldout,
+        "task": task_name,
+        "methods": list(methods),
+        "seeds": list(seeds),
+        **extra,
+        "header": dict(header or {}),
+        "rewards": names,
+        "tail": tail,
+        "heldout_metrics": heldout,
         "target": {"key": target_key, "value": target, "window": target_window},
-        "runs": rows, "missing": missing, "summary": summary, "paired": paired, "curves": curves,
+        "runs": rows,
+        "missing": missing,
+        "summary": summary,
+        "paired": paired,
+        "curves": curves,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.json").write_text(json.dumps(result, indent=1) + "\n")

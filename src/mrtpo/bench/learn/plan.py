@@ -31,14 +31,33 @@ CONTROLLED_KEYS = ("method", "seed", "output_dir", "task")
 PER_RUN_KEYS = ("method", "seed", "output_dir")
 #: Settings only a method that replays reads (the weight shape, the relevance): a finished run of a
 #: method with ``needs="none"`` (gdpo, grpo) stays valid when they change, e.g. with the default shape.
-REPLAY_ONLY_KEYS = ("lam", "reward_lam", "w_max", "relevance", "relevance_chunk_size", "relevance_top_k",
-                    "privileged_header", "replay_micro_batch", "replay_groups_per_pass", "weighting", "rank_power",
-                    "weight_mean")
+REPLAY_ONLY_KEYS = (
+    "lam",
+    "reward_lam",
+    "w_max",
+    "relevance",
+    "relevance_chunk_size",
+    "relevance_top_k",
+    "privileged_header",
+    "replay_micro_batch",
+    "replay_groups_per_pass",
+    "weighting",
+    "rank_power",
+    "weight_mean",
+)
 #: Evaluation settings a finished run must share with the current invocation to be kept.
 EVAL_KEYS = ("eval_every", "eval_size", "eval_batch_size", "eval_max_new_tokens")
 #: Keys of a preset's ``bench:`` section.
-BENCH_KEYS = ("eval_every", "eval_size", "eval_batch_size", "eval_max_new_tokens", "target_reward",
-              "target_key", "target_window", "tail")
+BENCH_KEYS = (
+    "eval_every",
+    "eval_size",
+    "eval_batch_size",
+    "eval_max_new_tokens",
+    "target_reward",
+    "target_key",
+    "target_window",
+    "tail",
+)
 
 __all__ = [
     "BENCH_KEYS",
@@ -135,8 +154,10 @@ def _policy_task_args(task: str, task_args: Mapping[str, Any], policy: int) -> d
     from mrtpo.tasks import get_task
 
     if not implements(get_task(task), "policy"):
-        raise BenchError(f"--policies picks the gym's warm-started policy (task_args.policy.seed); task {task!r} "
-                         "has none: use a gym-* task")
+        raise BenchError(
+            f"--policies picks the gym's warm-started policy (task_args.policy.seed); task {task!r} "
+            "has none: use a gym-* task"
+        )
     given = dict(task_args.get("policy") or {})
     if "seed" in given:
         raise BenchError("task_args sets policy.seed, which --policies sets per run; remove it")
@@ -163,8 +184,9 @@ def method_variants(entries: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         label, sep, base = (part.strip() for part in entry.partition("="))
         if sep:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", label) or not base:
-                raise BenchError(f"a variant is LABEL=METHOD with a LABEL of letters, digits, '-', '_' or '.', "
-                                 f"got {entry!r}")
+                raise BenchError(
+                    f"a variant is LABEL=METHOD with a LABEL of letters, digits, '-', '_' or '.', got {entry!r}"
+                )
             bases[label] = base
         if label in labels:
             raise BenchError(f"method {label!r} is listed twice in --methods")
@@ -172,10 +194,19 @@ def method_variants(entries: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     return labels, bases
 
 
-def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset_train: dict[str, Any],
-                 preset_source: str, configs: Sequence[str], overrides: dict[str, Any], out: Path,
-                 method_settings: Mapping[str, dict[str, Any]] | None = None,
-                 policies: Sequence[int] | None = None, bases: Mapping[str, str] | None = None):
+def plan_configs(
+    task: str,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    preset_train: dict[str, Any],
+    preset_source: str,
+    configs: Sequence[str],
+    overrides: dict[str, Any],
+    out: Path,
+    method_settings: Mapping[str, dict[str, Any]] | None = None,
+    policies: Sequence[int] | None = None,
+    bases: Mapping[str, str] | None = None,
+):
     """``{(method, policy, seed): RunConfig}``, built from one base; checks that only method, seed,
     folder and the policy seed differ.
 
@@ -189,23 +220,27 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
     method_settings = dict(method_settings or {})
     unknown = sorted(set(method_settings) - set(methods))
     if unknown:
-        raise BenchError(f"settings given for method(s) {', '.join(unknown)} that are not benchmarked "
-                         f"({', '.join(methods)})")
+        raise BenchError(
+            f"settings given for method(s) {', '.join(unknown)} that are not benchmarked ({', '.join(methods)})"
+        )
     varying = {key for settings in method_settings.values() for key in settings}
     from mrtpo.config import ConfigError, load_config
 
     for key in CONTROLLED_KEYS:
         if key in overrides or key in varying:
-            raise BenchError(f"{key} is set by the benchmark (use --task/--methods/--seeds/--output-dir), "
-                             f"not as {key}=...")
+            raise BenchError(
+                f"{key} is set by the benchmark (use --task/--methods/--seeds/--output-dir), not as {key}=..."
+            )
     for path in configs:
         if not Path(path).is_file():
             raise BenchError(f"config file {path} does not exist")
         given = yaml.safe_load(Path(path).read_text()) or {}
         bad = [k for k in CONTROLLED_KEYS if k in given]
         if bad:
-            raise BenchError(f"config {path} sets {', '.join(bad)}, which the benchmark controls per run; remove it "
-                             "(use --task/--methods/--seeds/--output-dir)")
+            raise BenchError(
+                f"config {path} sets {', '.join(bad)}, which the benchmark controls per run; remove it "
+                "(use --task/--methods/--seeds/--output-dir)"
+            )
     if policies is not None and "task_args" in varying:
         raise BenchError("--method-setting may not set task_args with --policies (the policy is set per run)")
     base = {**preset_train, "task": task}
@@ -219,23 +254,33 @@ def plan_configs(task: str, methods: Sequence[str], seeds: Sequence[int], preset
 
     task_args = None
     if policies is not None:  # the resolved task_args (preset, configs, overrides), then each policy's seed
-        task_args = load({**overrides, "method": bases.get(methods[0], methods[0]), "seed": seeds[0],
-                          "output_dir": str(out)}).run.task_args
-    for policy in ([None] if policies is None else policies):
+        task_args = load(
+            {**overrides, "method": bases.get(methods[0], methods[0]), "seed": seeds[0], "output_dir": str(out)}
+        ).run.task_args
+    for policy in [None] if policies is None else policies:
         extra = {} if policy is None else {"task_args": _policy_task_args(task, task_args, policy)}
         for seed in seeds:
             for method in methods:
-                plans[(method, policy, seed)] = load({**overrides, **method_settings.get(method, {}), **extra,
-                                                      "method": bases.get(method, method), "seed": seed,
-                                                      "output_dir": str(run_dir(out, method, seed, policy))})
+                plans[(method, policy, seed)] = load(
+                    {
+                        **overrides,
+                        **method_settings.get(method, {}),
+                        **extra,
+                        "method": bases.get(method, method),
+                        "seed": seed,
+                        "output_dir": str(run_dir(out, method, seed, policy)),
+                    }
+                )
     first = None
     for key, config in plans.items():
         settings = {k: v for k, v in _without_policy_seed(stable_settings(config)).items() if k not in varying}
         if first is None:
             first = (key, settings)
         elif settings != first[1]:  # pragma: no cover  (load_config is deterministic; a guard)
-            raise BenchError(f"runs {first[0]} and {key} would differ in more than method/seed/policy: "
-                             f"{settings_diff(first[1], settings)}")
+            raise BenchError(
+                f"runs {first[0]} and {key} would differ in more than method/seed/policy: "
+                f"{settings_diff(first[1], settings)}"
+            )
     return plans
 
 
@@ -259,8 +304,10 @@ def run_status(plans: Mapping[tuple[str, int], Any], out: Path, eval_settings: M
             differs = settings_diff(saved.get("settings", {}), planned)
             differs += settings_diff(saved.get("eval", {}), {k: eval_settings[k] for k in EVAL_KEYS})
             if differs:
-                raise BenchError(f"{done.parent} finished with other settings ({'; '.join(differs[:6])}). "
-                                 "Use another --output-dir, or delete that run folder to redo it.")
+                raise BenchError(
+                    f"{done.parent} finished with other settings ({'; '.join(differs[:6])}). "
+                    "Use another --output-dir, or delete that run folder to redo it."
+                )
             status[(method, policy, seed)] = "finished"
         else:
             status[(method, policy, seed)] = "partial" if done.parent.exists() else "to do"

@@ -13,9 +13,11 @@ from typing import Any
 
 from mrtpo.bench.learn.stats import EQUAL_TIME, finite
 
-EQUAL_TIME_NOTE = ("reward_at_equal_time: each run's total reward (mean of its last steps) at the last step within "
-                   "the training seconds of {ref}'s run with the same seed (the sum of its per-step step_time, "
-                   "evaluation not included) against {ref}'s final; a run that ended sooner counts at its last step.")
+EQUAL_TIME_NOTE = (
+    "reward_at_equal_time: each run's total reward (mean of its last steps) at the last step within "
+    "the training seconds of {ref}'s run with the same seed (the sum of its per-step step_time, "
+    "evaluation not included) against {ref}'s final; a run that ended sooner counts at its last step."
+)
 
 __all__ = ["fmt_ci", "fmt_mean_std", "markdown", "training_panels", "write_report"]
 
@@ -48,9 +50,17 @@ def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def _plot(path: Path, methods: Sequence[str], curves: Mapping[str, Any], runs: Sequence[Any],
-          series_of: Callable[[Any, str], tuple[list, list]], panels: Sequence[tuple[str, str]], title: str,
-          hlines: Mapping[str, tuple[float, str]] | None = None, ylim: tuple[float, float] | None = None) -> Path:
+def _plot(
+    path: Path,
+    methods: Sequence[str],
+    curves: Mapping[str, Any],
+    runs: Sequence[Any],
+    series_of: Callable[[Any, str], tuple[list, list]],
+    panels: Sequence[tuple[str, str]],
+    title: str,
+    hlines: Mapping[str, tuple[float, str]] | None = None,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
     """One PNG: a panel per (key, title); per method its seed-mean line, min-max band and one thin
     line per run (``series_of(run, key)``); ``hlines``: key -> (value, label), a dashed line."""
     import matplotlib
@@ -65,7 +75,7 @@ def _plot(path: Path, methods: Sequence[str], curves: Mapping[str, Any], runs: S
     fig.suptitle(title, fontsize=11)
     flat = [ax for row in axes for ax in row]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax in flat[len(panels):]:
+    for ax in flat[len(panels) :]:
         ax.axis("off")
     for ax, (key, name) in zip(flat, panels):
         ax.set_title(name, fontsize=10)
@@ -80,8 +90,15 @@ def _plot(path: Path, methods: Sequence[str], curves: Mapping[str, Any], runs: S
             for run in runs:
                 if run.method == method:
                     ax.plot(*series_of(run, key), color=colour, alpha=0.3, lw=0.8)
-            ax.plot(agg["steps"], agg["mean"], color=colour, lw=2, marker="o" if len(agg["steps"]) < 30 else None,
-                    ms=3, label=f"{method} (n={max(agg['n'])})")
+            ax.plot(
+                agg["steps"],
+                agg["mean"],
+                color=colour,
+                lw=2,
+                marker="o" if len(agg["steps"]) < 30 else None,
+                ms=3,
+                label=f"{method} (n={max(agg['n'])})",
+            )
             ax.fill_between(agg["steps"], agg["min"], agg["max"], color=colour, alpha=0.15)
             drawn = True
         if drawn and key in (hlines or {}):
@@ -107,19 +124,37 @@ def write_report(out: Path, result: Mapping[str, Any], runs: Sequence[Any], plot
     task, methods, curves, target = result["task"], result["methods"], result["curves"], result["target"]
     pngs: dict[str, Path] = {}
     if plots and runs:
-        pngs["rewards"] = _plot(out / "rewards.png", methods, curves, runs, lambda r, k: series(r.records, k),
-                                training_panels(result["rewards"]),
-                                f"{task}: training rewards (mean over seeds; band = min-max over seeds)",
-                                hlines={target["key"]: (target["value"], f"target {target['value']:g}")}
-                                if target["value"] is not None else None)
-        pngs["length"] = _plot(out / "length.png", methods, curves, runs, lambda r, k: series(r.records, k),
-                               [("completions/mean_length", "completion length (tokens)")],
-                               f"{task}: completion length")
-        pngs["heldout"] = _plot(out / "heldout.png", methods, curves, runs,
-                                lambda r, k: r.heldout_series(k.split("/", 1)[1]),
-                                [(f"heldout/{m}", f"held-out {m}") for m in result["heldout_metrics"]],
-                                f"{task}: held-out metrics (greedy; mean over seeds, band = min-max)",
-                                ylim=(-0.03, 1.03))  # rates: a full axis, so small changes look small
+        pngs["rewards"] = _plot(
+            out / "rewards.png",
+            methods,
+            curves,
+            runs,
+            lambda r, k: series(r.records, k),
+            training_panels(result["rewards"]),
+            f"{task}: training rewards (mean over seeds; band = min-max over seeds)",
+            hlines={target["key"]: (target["value"], f"target {target['value']:g}")}
+            if target["value"] is not None
+            else None,
+        )
+        pngs["length"] = _plot(
+            out / "length.png",
+            methods,
+            curves,
+            runs,
+            lambda r, k: series(r.records, k),
+            [("completions/mean_length", "completion length (tokens)")],
+            f"{task}: completion length",
+        )
+        pngs["heldout"] = _plot(
+            out / "heldout.png",
+            methods,
+            curves,
+            runs,
+            lambda r, k: r.heldout_series(k.split("/", 1)[1]),
+            [(f"heldout/{m}", f"held-out {m}") for m in result["heldout_metrics"]],
+            f"{task}: held-out metrics (greedy; mean over seeds, band = min-max)",
+            ylim=(-0.03, 1.03),
+        )  # rates: a full axis, so small changes look small
     (out / "comparison.md").write_text(markdown(result, pngs))
     return pngs
 
@@ -132,19 +167,29 @@ def _header(result: Mapping[str, Any]) -> list[str]:
             md.append(f"- **{k}**: {'`' + h[k] + '`' if k == 'command' else h[k]}")
     policies = result.get("policies")
     over = f" × policies {', '.join(map(str, policies))}" if policies is not None else ""
-    planned = len(methods) * len(result['seeds']) * len(policies or [0])
-    md.append(f"- **runs**: {len(result['runs'])} finished of {planned} "
-              f"({', '.join(methods)}{over} × seeds {', '.join(map(str, result['seeds']))})")
+    planned = len(methods) * len(result["seeds"]) * len(policies or [0])
+    md.append(
+        f"- **runs**: {len(result['runs'])} finished of {planned} "
+        f"({', '.join(methods)}{over} × seeds {', '.join(map(str, result['seeds']))})"
+    )
     if result["missing"]:
-        md.append("- **not finished (left out)**: " + ", ".join(
-            f"{m[0]} seed {m[1]}" if len(m) == 2 else f"{m[0]} policy {m[1]} seed {m[2]}" for m in result["missing"]))
+        md.append(
+            "- **not finished (left out)**: "
+            + ", ".join(
+                f"{m[0]} seed {m[1]}" if len(m) == 2 else f"{m[0]} policy {m[1]} seed {m[2]}" for m in result["missing"]
+            )
+        )
     steps = max((r["steps"] for r in result["runs"]), default=0)
     seeds = min((len(s["seeds"]) for s in summary.values()), default=0)
-    note = (f"Values are mean ± sample std over seeds; a run's training value is the mean of its last "
-            f"{result['tail']} logged steps.")
+    note = (
+        f"Values are mean ± sample std over seeds; a run's training value is the mean of its last "
+        f"{result['tail']} logged steps."
+    )
     if steps < 50 or seeds < 3:
-        note += (f" Small scale ({steps} steps, {seeds} seed(s) per method): differences within the spread "
-                 "are noise; read these numbers as a check of the pipeline, not as a ranking of the methods.")
+        note += (
+            f" Small scale ({steps} steps, {seeds} seed(s) per method): differences within the spread "
+            "are noise; read these numbers as a check of the pipeline, not as a ranking of the methods."
+        )
     return [*md, "", note, ""]
 
 
@@ -152,28 +197,43 @@ def _tables(result: Mapping[str, Any]) -> list[str]:
     """Training values, held-out start/end, and the 95% confidence intervals."""
     methods, summary = result["methods"], result["summary"]
     panels = training_panels(result["rewards"], with_length=True)
-    md = ["## Training rewards and completion length", "",
-          f"| method | {'runs' if result.get('policies') is not None else 'seeds'} | "
-          + " | ".join(label for _, label in panels) + " |", "|---|---:|" + "---:|" * len(panels)]
+    md = [
+        "## Training rewards and completion length",
+        "",
+        f"| method | {'runs' if result.get('policies') is not None else 'seeds'} | "
+        + " | ".join(label for _, label in panels)
+        + " |",
+        "|---|---:|" + "---:|" * len(panels),
+    ]
     done = [m for m in methods if summary.get(m, {}).get("seeds")]
     for m in done:
         s = summary[m]
         md.append(f"| {m} | {len(s['seeds'])} | " + " | ".join(fmt_mean_std(s["final"][k]) for k, _ in panels) + " |")
     heldout = result["heldout_metrics"]
     if heldout:
-        md += ["", "## Held-out metrics (greedy, first and last evaluation)", "",
-               "| method | " + " | ".join(f"{x} start | {x} end" for x in heldout) + " |",
-               "|---|" + "---:|---:|" * len(heldout)]
+        md += [
+            "",
+            "## Held-out metrics (greedy, first and last evaluation)",
+            "",
+            "| method | " + " | ".join(f"{x} start | {x} end" for x in heldout) + " |",
+            "|---|" + "---:|---:|" * len(heldout),
+        ]
         for m in done:
             cells = [fmt_mean_std(summary[m]["heldout"][x][edge]) for x in heldout for edge in ("start", "end")]
             md.append(f"| {m} | " + " | ".join(cells) + " |")
     with_target = result["target"]["value"] is not None
-    md += ["", "## Means with 95% confidence intervals over seeds", "",
-           "Student-t interval of the mean over seeds (none with a single seed). Steps to target: over the "
-           "seeds that reached it.", "",
-           "| method | total reward | " + (f"held-out {heldout[0]} (end) | " if heldout else "")
-           + ("steps to target |" if with_target else ""),
-           "|---|---:|" + ("---:|" if heldout else "") + ("---:|" if with_target else "")]
+    md += [
+        "",
+        "## Means with 95% confidence intervals over seeds",
+        "",
+        "Student-t interval of the mean over seeds (none with a single seed). Steps to target: over the "
+        "seeds that reached it.",
+        "",
+        "| method | total reward | "
+        + (f"held-out {heldout[0]} (end) | " if heldout else "")
+        + ("steps to target |" if with_target else ""),
+        "|---|---:|" + ("---:|" if heldout else "") + ("---:|" if with_target else ""),
+    ]
     for m in done:
         s = summary[m]
         cells = [fmt_ci(s["final"]["reward"]["mean"], s["final"]["reward"]["ci95"])]
@@ -191,21 +251,37 @@ def _paired_table(result: Mapping[str, Any]) -> list[str]:
     if not paired or not paired["by_method"]:
         return []
     ref = paired["reference"]
-    md = ["", f"## Paired against {ref}, seed by seed", "",
-          (f"Difference method − {ref} over the seeds both finished (same seed: same initial weights, prompts "
-           "and first samples). Paired t-test: 95% CI of the mean difference and its two-sided p-value; "
-           "sign-flip: the exact permutation p-value (no normality assumed; with n seeds it cannot go below "
-           "2/2^n). Steps to target: over the seeds where both reached it."
-           + (f" {EQUAL_TIME_NOTE.format(ref=ref)}" if any(EQUAL_TIME in m for m in paired["by_method"].values())
-              else "")
-           + (" Over policies every (policy, seed) is one pair here, as if independent: the next table's "
-              "intervals account for the policy." if result.get("policies") is not None else "")), "",
-          "| method | measure | seeds | mean difference [95% CI] | t-test p | sign-flip p |",
-          "|---|---|---:|---:|---:|---:|"]
+    md = [
+        "",
+        f"## Paired against {ref}, seed by seed",
+        "",
+        (
+            f"Difference method − {ref} over the seeds both finished (same seed: same initial weights, prompts "
+            "and first samples). Paired t-test: 95% CI of the mean difference and its two-sided p-value; "
+            "sign-flip: the exact permutation p-value (no normality assumed; with n seeds it cannot go below "
+            "2/2^n). Steps to target: over the seeds where both reached it."
+            + (
+                f" {EQUAL_TIME_NOTE.format(ref=ref)}"
+                if any(EQUAL_TIME in m for m in paired["by_method"].values())
+                else ""
+            )
+            + (
+                " Over policies every (policy, seed) is one pair here, as if independent: the next table's "
+                "intervals account for the policy."
+                if result.get("policies") is not None
+                else ""
+            )
+        ),
+        "",
+        "| method | measure | seeds | mean difference [95% CI] | t-test p | sign-flip p |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for method, measures in paired["by_method"].items():
         for name, c in measures.items():
-            md.append(f"| {method} | {name} | {c['n']} | {fmt_ci(c['mean_difference'], c['ci95'])} | "
-                      f"{_p(c['p_value'])} | {_p(c['p_sign_flip'])} |")
+            md.append(
+                f"| {method} | {name} | {c['n']} | {fmt_ci(c['mean_difference'], c['ci95'])} | "
+                f"{_p(c['p_value'])} | {_p(c['p_sign_flip'])} |"
+            )
     return md
 
 
@@ -216,28 +292,44 @@ def _two_level_table(result: Mapping[str, Any]) -> list[str]:
     if not two or not two["by_method"]:
         return []
     ref = two["reference"]
-    md = ["", f"## Paired against {ref} over policies and seeds", "",
-          (f"Per (policy, seed) the difference method − {ref}; each policy's mean over its seeds, then the mean "
-           "over policies (each policy weighs the same). t: Student-t interval over the policy means (df = "
-           "policies − 1; a policy's mean carries its seeds' noise, so this covers both levels). Bootstrap: "
-           "two-stage percentile interval (policies drawn with replacement, then each one's seeds; "
-           "fixed RNG seed). Between: sample std of the policy means; within: pooled std of seeds around "
-           "their policy's mean."), "",
-          "| method | measure | policies × pairs | mean [t 95% CI] | bootstrap 95% CI | t-test p | between sd | "
-          "within sd | pairs > 0 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    per_policy = ["", "Each policy alone, paired seed by seed (as the table above without policies):", "",
-                  "| method | measure | policy | seeds | mean difference [95% CI] | t-test p | sign-flip p |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
+    md = [
+        "",
+        f"## Paired against {ref} over policies and seeds",
+        "",
+        (
+            f"Per (policy, seed) the difference method − {ref}; each policy's mean over its seeds, then the mean "
+            "over policies (each policy weighs the same). t: Student-t interval over the policy means (df = "
+            "policies − 1; a policy's mean carries its seeds' noise, so this covers both levels). Bootstrap: "
+            "two-stage percentile interval (policies drawn with replacement, then each one's seeds; "
+            "fixed RNG seed). Between: sample std of the policy means; within: pooled std of seeds around "
+            "their policy's mean."
+        ),
+        "",
+        "| method | measure | policies × pairs | mean [t 95% CI] | bootstrap 95% CI | t-test p | between sd | "
+        "within sd | pairs > 0 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    per_policy = [
+        "",
+        "Each policy alone, paired seed by seed (as the table above without policies):",
+        "",
+        "| method | measure | policy | seeds | mean difference [95% CI] | t-test p | sign-flip p |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for method, measures in two["by_method"].items():
         for name, c in measures.items():
             boot = "[{:.3f}, {:.3f}]".format(*c["ci95_bootstrap"]) if c["ci95_bootstrap"] else "n/a"
-            md.append(f"| {method} | {name} | {c['n_policies']} × {c['n_pairs']} | {fmt_ci(c['mean'], c['ci95_t'])} | "
-                      f"{boot} | {_p(c['p_value'])} | {_num(c['between_policy_std'])} | "
-                      f"{_num(c['within_policy_std'])} | {c['positive']} of {c['n_pairs']} |")
+            md.append(
+                f"| {method} | {name} | {c['n_policies']} × {c['n_pairs']} | {fmt_ci(c['mean'], c['ci95_t'])} | "
+                f"{boot} | {_p(c['p_value'])} | {_num(c['between_policy_std'])} | "
+                f"{_num(c['within_policy_std'])} | {c['positive']} of {c['n_pairs']} |"
+            )
             for policy, p in c["per_policy"].items():
-                per_policy.append(f"| {method} | {name} | {policy} | {p['n']} | "
-                                  f"{fmt_ci(p['mean_difference'], p['ci95'])} | {_p(p['p_value'])} | "
-                                  f"{_p(p['p_sign_flip'])} |")
+                per_policy.append(
+                    f"| {method} | {name} | {policy} | {p['n']} | "
+                    f"{fmt_ci(p['mean_difference'], p['ci95'])} | {_p(p['p_value'])} | "
+                    f"{_p(p['p_sign_flip'])} |"
+                )
     return md + per_policy
 
 
@@ -251,8 +343,12 @@ def _steps_to_target_table(result: Mapping[str, Any]) -> list[str]:
     if t["value"] is None:
         return [*md, "No target given (`--target-reward R`, optionally `--target-key rewards/<name>/mean`)."]
     window = f", trailing mean over {t['window']} steps" if t["window"] > 1 else ""
-    md += [(f"First step at which `{t['key']}` ≥ {t['value']:g}{window}; the mean is over the seeds that "
-            "reached it."), "", "| method | steps to target | per seed |", "|---|---|---|"]
+    md += [
+        (f"First step at which `{t['key']}` ≥ {t['value']:g}{window}; the mean is over the seeds that reached it."),
+        "",
+        "| method | steps to target | per seed |",
+        "|---|---|---|",
+    ]
     for m in result["methods"]:
         if summary.get(m, {}).get("seeds"):
             st = summary[m]["steps_to_target"]
@@ -267,16 +363,25 @@ def _shared_table(result: Mapping[str, Any]) -> list[str]:
     if not shared:
         return []
     reference = next(iter(shared.values()))["reference"]
-    md = ["", f"## Sampled completions shared with {reference}", "",
-          (f"Share of each run's training completions that are token for token the same as {reference}'s "
-           "with the same seed (same prompts, same sampling RNG). The methods' updates differ from the "
-           "first step, but until they change a sampled token the runs see the same completions and "
-           "rewards: a share near 1 means this comparison had little room to separate the methods."),
-          "", "| method | shared | per seed: share (first step with a different completion) |", "|---|---:|---|"]
+    md = [
+        "",
+        f"## Sampled completions shared with {reference}",
+        "",
+        (
+            f"Share of each run's training completions that are token for token the same as {reference}'s "
+            "with the same seed (same prompts, same sampling RNG). The methods' updates differ from the "
+            "first step, but until they change a sampled token the runs see the same completions and "
+            "rewards: a share near 1 means this comparison had little room to separate the methods."
+        ),
+        "",
+        "| method | shared | per seed: share (first step with a different completion) |",
+        "|---|---:|---|",
+    ]
     for m, sh in shared.items():
-        per = ", ".join(f"{seed}: {v['share']:.2f} "
-                        f"({'none' if v['first_different_step'] is None else v['first_different_step']})"
-                        for seed, v in sh["per_seed"].items())
+        per = ", ".join(
+            f"{seed}: {v['share']:.2f} ({'none' if v['first_different_step'] is None else v['first_different_step']})"
+            for seed, v in sh["per_seed"].items()
+        )
         md.append(f"| {m} | {fmt_mean_std(sh['share'], '{:.2f}')} | {per} |")
     return md
 
@@ -284,23 +389,36 @@ def _shared_table(result: Mapping[str, Any]) -> list[str]:
 def _runs_table(result: Mapping[str, Any]) -> list[str]:
     headline = result["heldout_metrics"][0] if result["heldout_metrics"] else None
     over = result.get("policies") is not None
-    md = ["", "## Runs", "", "| method | " + ("policy | " if over else "") + "seed | steps | total reward (last) | "
-          "length (last) | " + (f"held-out {headline} (end) | " if headline else "") + "train s | eval s |",
-          "|---|" + ("---:|" if over else "") + "---:|---:|---:|---:|" + ("---:|" if headline else "") + "---:|---:|"]
+    md = [
+        "",
+        "## Runs",
+        "",
+        "| method | " + ("policy | " if over else "") + "seed | steps | total reward (last) | "
+        "length (last) | " + (f"held-out {headline} (end) | " if headline else "") + "train s | eval s |",
+        "|---|" + ("---:|" if over else "") + "---:|---:|---:|---:|" + ("---:|" if headline else "") + "---:|---:|",
+    ]
     for r in result["runs"]:
         held = _num(r["heldout"].get(headline, {}).get("end")) + " | " if headline else ""
         policy = f"{r.get('policy')} | " if over else ""
-        md.append(f"| {r['method']} | {policy}{r['seed']} | {r['steps']} | {_num(r['final'].get('reward'))} | "
-                  f"{_num(r['final'].get('completions/mean_length'))} | {held}{r.get('train_s')} | {r.get('eval_s')} |")
+        md.append(
+            f"| {r['method']} | {policy}{r['seed']} | {r['steps']} | {_num(r['final'].get('reward'))} | "
+            f"{_num(r['final'].get('completions/mean_length'))} | {held}{r.get('train_s')} | {r.get('eval_s')} |"
+        )
     return md
 
 
 def markdown(result: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
     """``comparison.md``: header, tables (training, held-out, 95% CIs, paired tests, over policies
     the two-level intervals, steps to target, shared samples, runs) and the figures."""
-    md = [*_header(result), *_tables(result), *_paired_table(result), *_two_level_table(result),
-          *_steps_to_target_table(result),
-          *_shared_table(result), *_runs_table(result)]
+    md = [
+        *_header(result),
+        *_tables(result),
+        *_paired_table(result),
+        *_two_level_table(result),
+        *_steps_to_target_table(result),
+        *_shared_table(result),
+        *_runs_table(result),
+    ]
     if pngs:
         md += ["", "## Curves", "", *(f"![{name}]({p.name})" for name, p in pngs.items())]
     return "\n".join([*md, ""])

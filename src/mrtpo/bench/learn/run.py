@@ -47,9 +47,19 @@ def _eval_callback_class():
         marked ``"shared_from"``, instead of generating again.
         """
 
-        def __init__(self, trainer, task, examples, every: int, folder: Path, batch_size: int = 8,
-                     max_new_tokens: int | None = None, at_start: bool = True,
-                     start_cache: Path | None = None, signature: str = ""):
+        def __init__(
+            self,
+            trainer,
+            task,
+            examples,
+            every: int,
+            folder: Path,
+            batch_size: int = 8,
+            max_new_tokens: int | None = None,
+            at_start: bool = True,
+            start_cache: Path | None = None,
+            signature: str = "",
+        ):
             self.trainer, self.task, self.examples = trainer, task, list(examples)
             self.every, self.folder = int(every), Path(folder)
             self.batch_size, self.max_new_tokens, self.at_start = batch_size, max_new_tokens, at_start
@@ -89,9 +99,15 @@ def _eval_callback_class():
                 model.eval()
                 try:
                     with torch.no_grad():
-                        metrics, gens = evaluate_model(model, self.trainer.processing_class, self.task, self.examples,
-                                                       batch_size=self.batch_size, max_new_tokens=self.max_new_tokens,
-                                                       progress=False)
+                        metrics, gens = evaluate_model(
+                            model,
+                            self.trainer.processing_class,
+                            self.task,
+                            self.examples,
+                            batch_size=self.batch_size,
+                            max_new_tokens=self.max_new_tokens,
+                            progress=False,
+                        )
                 finally:
                     model.train(was_training)
             seconds = time.perf_counter() - start
@@ -108,8 +124,12 @@ def _eval_callback_class():
             self._write(record, outputs)
             if step == 0 and self.start_cache is not None:  # written whole, then renamed: parallel runs read it
                 tmp = self.start_cache.with_name(f".{self.start_cache.name}.{os.getpid()}")
-                tmp.write_text(json.dumps({"signature": self.signature, "run": self.folder.name,
-                                           "record": record, "outputs": outputs}) + "\n")
+                tmp.write_text(
+                    json.dumps(
+                        {"signature": self.signature, "run": self.folder.name, "record": record, "outputs": outputs}
+                    )
+                    + "\n"
+                )
                 tmp.replace(self.start_cache)
             return record
 
@@ -156,8 +176,11 @@ def _record_batches(trainer, path: Path) -> None:
     inner = trainer._generate_and_score_completions
 
     def recording(inputs):
-        record = {"step": trainer.state.global_step, "training": bool(trainer.model.training),
-                  "example_ids": [str(row.get("example_id", "")) for row in inputs]}
+        record = {
+            "step": trainer.state.global_step,
+            "training": bool(trainer.model.training),
+            "example_ids": [str(row.get("example_id", "")) for row in inputs],
+        }
         out = inner(inputs)
         record["completions"] = completion_digests(out["completion_ids"].cpu(), out["completion_mask"].cpu())
         with path.open("a") as f:
@@ -172,8 +195,9 @@ def _looks_like_run_folder(folder: Path) -> bool:
     return not names or bool(names & {"config.yaml", "metrics.jsonl", "eval.jsonl", "prompts.jsonl"})
 
 
-def run_one(config, eval_settings: dict[str, Any], log=logger.info,
-            start_eval: str = "start_eval.json") -> dict[str, Any]:
+def run_one(
+    config, eval_settings: dict[str, Any], log=logger.info, start_eval: str = "start_eval.json"
+) -> dict[str, Any]:
     """Train one planned (method, policy, seed) run with held-out evaluation; write ``finished.json``.
 
     ``config`` is a :class:`~mrtpo.config.RunConfig` whose ``output_dir`` is the run folder (an
@@ -190,8 +214,9 @@ def run_one(config, eval_settings: dict[str, Any], log=logger.info,
     folder = Path(config.args.output_dir)
     if folder.exists():
         if not _looks_like_run_folder(folder):
-            raise BenchError(f"{folder} exists and is not a run folder of this benchmark; "
-                             "move it or choose another --output-dir")
+            raise BenchError(
+                f"{folder} exists and is not a run folder of this benchmark; move it or choose another --output-dir"
+            )
         log(f"  {folder.name}: unfinished run found, starting it again from scratch")
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -199,21 +224,33 @@ def run_one(config, eval_settings: dict[str, Any], log=logger.info,
     t0 = time.perf_counter()
     trainer = build_trainer(config)
     if trainer.accelerator.num_processes != 1:
-        raise BenchError("mrtpo bench learn runs in one process; start it with plain `mrtpo bench learn`, "
-                         "not torchrun / accelerate launch")
+        raise BenchError(
+            "mrtpo bench learn runs in one process; start it with plain `mrtpo bench learn`, "
+            "not torchrun / accelerate launch"
+        )
     task = trainer.mrtpo_task
     examples = task.load("eval", eval_settings["eval_size"]) if eval_settings["eval_size"] else []
     callback = None
     if examples:
         share = eval_settings.get("share_start_eval", True)
-        signature = json.dumps({"settings": stable_settings(config),
-                                "eval": {k: eval_settings[k] for k in EVAL_KEYS if k != "eval_every"}},
-                               sort_keys=True)
-        callback = EvalCallback(trainer, task, examples, eval_settings["eval_every"], folder,
-                                batch_size=eval_settings["eval_batch_size"],
-                                max_new_tokens=eval_settings["eval_max_new_tokens"],
-                                start_cache=folder.parent / start_eval if share else None,
-                                signature=signature)
+        signature = json.dumps(
+            {
+                "settings": stable_settings(config),
+                "eval": {k: eval_settings[k] for k in EVAL_KEYS if k != "eval_every"},
+            },
+            sort_keys=True,
+        )
+        callback = EvalCallback(
+            trainer,
+            task,
+            examples,
+            eval_settings["eval_every"],
+            folder,
+            batch_size=eval_settings["eval_batch_size"],
+            max_new_tokens=eval_settings["eval_max_new_tokens"],
+            start_cache=folder.parent / start_eval if share else None,
+            signature=signature,
+        )
         trainer.add_callback(callback)
     _record_batches(trainer, folder / "prompts.jsonl")
     ready = time.perf_counter()

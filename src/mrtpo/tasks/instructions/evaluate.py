@@ -27,11 +27,7 @@ def score_response(example: Example, response: str) -> dict[str, Any]:
     """Per-instruction strict/loose results for one prompt (``excluded`` set when unverifiable)."""
     constraints = example.gold["constraints"]
     ids = [f"{c['benchmark']}/{c['id']}" for c in constraints]
-    blocked = [
-        (c["benchmark"], c["id"])
-        for c in constraints
-        if (c["benchmark"], c["id"]) in checkers.UNVERIFIABLE
-    ]
+    blocked = [(c["benchmark"], c["id"]) for c in constraints if (c["benchmark"], c["id"]) in checkers.UNVERIFIABLE]
     if blocked:
         b, i = blocked[0]
         return {
@@ -57,8 +53,7 @@ def evaluate(outputs: list[str], examples: list[Example]) -> dict[str, Any]:
     """Benchmark scores of ``outputs[i]`` for ``examples[i]``."""
     if len(outputs) != len(examples):
         raise ValueError(
-            f"evaluate needs one output per example: got {len(outputs)} outputs for "
-            f"{len(examples)} examples"
+            f"evaluate needs one output per example: got {len(outputs)} outputs for {len(examples)} examples"
         )
     per_prompt = []
     excluded: dict[str, dict[str, Any]] = {}
@@ -94,8 +89,7 @@ def evaluate(outputs: list[str], examples: list[Example]) -> dict[str, Any]:
         "n_excluded_prompts": sum(e["n_prompts"] for e in excluded.values()),
         "excluded": excluded,
         "per_instruction": {
-            iid: {"n": n, "strict": s / n, "loose": lo / n}
-            for iid, (n, s, lo) in sorted(by_id.items())
+            iid: {"n": n, "strict": s / n, "loose": lo / n} for iid, (n, s, lo) in sorted(by_id.items())
         },
         "per_prompt": per_prompt,
     }

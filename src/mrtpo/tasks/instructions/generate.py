@@ -155,13 +155,14 @@ class GeneratorConfig:
             if missing:
                 raise ValueError(f"classes {missing} are not in constraint pool {self.pool!r}")
             if len(classes) + len(anchor) < self.min_constraints:
-                raise ValueError(f"{len(classes)} classes and {len(anchor)} anchors cannot make "
-                                 f"min_constraints={self.min_constraints} constraints")
+                raise ValueError(
+                    f"{len(classes)} classes and {len(anchor)} anchors cannot make "
+                    f"min_constraints={self.min_constraints} constraints"
+                )
         object.__setattr__(self, "min_words_range", tuple(self.min_words_range))
         if not 1 <= self.min_constraints <= self.max_constraints <= MAX_SLOTS:
             raise ValueError(
-                "need 1 <= min_constraints <= max_constraints <= 5, got "
-                f"{self.min_constraints}..{self.max_constraints}"
+                f"need 1 <= min_constraints <= max_constraints <= 5, got {self.min_constraints}..{self.max_constraints}"
             )
         unknown = [a for a in anchor if a not in ANCHORS]
         if unknown or len(set(anchor)) != len(anchor):
@@ -172,9 +173,7 @@ class GeneratorConfig:
         if not 1 <= lo <= hi:
             raise ValueError(f"min_words_range must satisfy 1 <= lo <= hi, got {(lo, hi)}")
         if self.word_budget is not None and self.word_budget < hi and "min_words" in anchor:
-            raise ValueError(
-                f"word_budget={self.word_budget} is below the length floor's upper end {hi}"
-            )
+            raise ValueError(f"word_budget={self.word_budget} is below the length floor's upper end {hi}")
         pools.pool(self.pool)  # validates the name
 
 
@@ -307,4 +306,3 @@ def generate(n: int, cfg: GeneratorConfig | None = None, start: int = 0) -> list
         raise ValueError(f"n must be >= 0, got {n}")
     cfg = cfg or GeneratorConfig()
     return [generate_one(i, cfg) for i in range(start, start + n)]
-

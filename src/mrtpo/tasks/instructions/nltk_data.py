@@ -30,9 +30,9 @@ __all__ = ["data_dir", "build", "is_complete", "ensure", "stopwords", "REQUIRED_
 # src/mrtpo/tasks/instructions/nltk_data.py -> parents[4] is the project root (editable install).
 _PROJECT_ROOT = Path(__file__).resolve().parents[4]
 _PUNKT_FILES = ("abbrev_types.txt", "collocations.tab", "sent_starters.txt", "ortho_context.tab")
-REQUIRED_FILES: tuple[str, ...] = tuple(
-    f"tokenizers/punkt_tab/english/{name}" for name in _PUNKT_FILES
-) + ("corpora/stopwords/english",)
+REQUIRED_FILES: tuple[str, ...] = tuple(f"tokenizers/punkt_tab/english/{name}" for name in _PUNKT_FILES) + (
+    "corpora/stopwords/english",
+)
 
 
 def data_dir() -> Path:
@@ -73,9 +73,7 @@ def _punkt_english_tables() -> dict[str, str]:
         "abbrev_types.txt": "\n".join(sorted(english.ABBREV_TYPES)),
         "collocations.tab": "\n".join(f"{a}\t{b}" for a, b in sorted(english.COLLOCATIONS)),
         "sent_starters.txt": "\n".join(sorted(english.SENT_STARTERS)),
-        "ortho_context.tab": "\n".join(
-            f"{word}\t{int(flag)}" for word, flag in sorted(english.ORTHO_CONTEXT.items())
-        ),
+        "ortho_context.tab": "\n".join(f"{word}\t{int(flag)}" for word, flag in sorted(english.ORTHO_CONTEXT.items())),
     }
 
 

@@ -95,8 +95,7 @@ POOLS: dict[str, tuple[Key, ...]] = {
 POOLS["all"] = POOLS["ifeval"] + POOLS["ifbench"]
 
 _SELF_CONTAINED = (
-    "a self-contained task with a fixed question or output (not a constraint that composes with "
-    "a base task)"
+    "a self-contained task with a fixed question or output (not a constraint that composes with a base task)"
 )
 _REPEAT = "rewrites or replaces the request itself (repeat or copy the prompt)"
 _EVERY_WORD = (
@@ -121,8 +120,7 @@ EXCLUDED: dict[Key, str] = {
     ("ifbench", "format:newline"): _LAYOUT,
     ("ifbench", "format:line_indent"): _LAYOUT,
     ("ifbench", "format:quote_unquote"): (
-        "every quoted phrase must be followed by an explanation: conflicts with quotation and "
-        "nested-quote constraints"
+        "every quoted phrase must be followed by an explanation: conflicts with quotation and nested-quote constraints"
     ),
     ("ifbench", "words:alphabet"): _EVERY_WORD,
     ("ifbench", "words:vowel"): _EVERY_WORD,
@@ -183,8 +181,7 @@ _ALL_IFBENCH = [("ifbench", i) for i in IFBENCH_POOL]
 EXTRA_CONFLICTS: set[frozenset[Key]] = set().union(
     # one length constraint per prompt (floors and ranges would contradict each other)
     _pairwise(
-        _ifeval("length_constraints:number_words")
-        + _ifbench("count:word_count_range", "count:unique_word_count")
+        _ifeval("length_constraints:number_words") + _ifbench("count:word_count_range", "count:unique_word_count")
     ),
     # one bullet-style constraint per prompt (IFEval counts both '*' and '-' lines as bullets)
     _pairwise(
@@ -213,18 +210,14 @@ EXTRA_CONFLICTS: set[frozenset[Key]] = set().union(
         # every standard punctuation mark includes the comma
         frozenset((("ifeval", "punctuation:no_comma"), ("ifbench", "count:punctuation"))),
         # "SECTION 1" etc. are numbers too
-        frozenset(
-            (("ifbench", "count:numbers"), ("ifeval", "detectable_format:multiple_sections"))
-        ),
+        frozenset((("ifbench", "count:numbers"), ("ifeval", "detectable_format:multiple_sections"))),
         # a keyword repeated 5-7 times (or "at least N times") against a per-word repeat cap
         frozenset((("ifbench", "words:repeats"), ("ifbench", "count:keywords_multiple"))),
         frozenset((("ifbench", "words:repeats"), ("ifeval", "keywords:frequency"))),
         # one sentence-type ratio per prompt
         frozenset((("ifbench", "ratio:sentence_type"), ("ifbench", "ratio:sentence_balance"))),
         # keyword in the N-th sentence against a sentence-count cap
-        frozenset(
-            (("ifbench", "sentence:keyword"), ("ifeval", "length_constraints:number_sentences"))
-        ),
+        frozenset((("ifbench", "sentence:keyword"), ("ifeval", "length_constraints:number_sentences"))),
         # an emoji after every sentence against a fixed final phrase or a closing quote
         frozenset((("ifbench", "format:emoji"), ("ifeval", "startend:end_checker"))),
         frozenset((("ifbench", "format:emoji"), ("ifeval", "startend:quotation"))),
@@ -298,9 +291,7 @@ def class_conflict(a: Key, b: Key) -> bool:
     return frozenset((a, b)) in EXTRA_CONFLICTS
 
 
-_KEYWORD_ARGS = ("keywords", "keyword", "first_word", "word") + tuple(
-    f"keyword{i}" for i in range(1, 6)
-)
+_KEYWORD_ARGS = ("keywords", "keyword", "first_word", "word") + tuple(f"keyword{i}" for i in range(1, 6))
 
 
 def _words(value: Any) -> set[str]:
@@ -315,9 +306,7 @@ def _required_keywords(kwargs: Mapping[str, Any]) -> set[str]:
     return set().union(*(_words(kwargs.get(k)) for k in _KEYWORD_ARGS))
 
 
-def kwargs_conflict(
-    a: Mapping[str, Any], b: Mapping[str, Any], base_task: str = ""
-) -> bool:
+def kwargs_conflict(a: Mapping[str, Any], b: Mapping[str, Any], base_task: str = "") -> bool:
     """Argument-level conflicts between two drawn constraints (dicts with id/kwargs/sentence).
 
     1. A forbidden word that the other constraint's arguments require (its keywords, end

@@ -76,8 +76,9 @@ def constraint_span(constraint: dict[str, Any], text: str) -> list[tuple[int, in
     return spans or None
 
 
-def checked_spans(example: Example, text: str,
-                  verifier_names: list[str]) -> list[tuple[str, str, list[tuple[int, int]]]]:
+def checked_spans(
+    example: Example, text: str, verifier_names: list[str]
+) -> list[tuple[str, str, list[tuple[int, int]]]]:
     """``[(verifier name, span kind, character spans)]`` for the slots whose constraint has a span in ``text``."""
     constraints = (example.gold or {}).get("constraints") or []
     found = []
@@ -93,8 +94,9 @@ def checked_spans(example: Example, text: str,
 
 def has_span_constraint(example: Example) -> bool:
     """Whether some constraint of ``example`` can have a span (used to pick prompts for the lift)."""
-    return any(c.get("benchmark") == "ifeval" and c["id"] in SPAN_KINDS
-               for c in (example.gold or {}).get("constraints") or [])
+    return any(
+        c.get("benchmark") == "ifeval" and c["id"] in SPAN_KINDS for c in (example.gold or {}).get("constraints") or []
+    )
 
 
 __all__ = ["SPAN_KINDS", "checked_spans", "constraint_span", "has_span_constraint"]

@@ -129,8 +129,7 @@ def results_match(
     pred_cols = [[r[j] for r in pred_rows] for j in range(n)]
     gold_cols = [[r[i] for r in gold_rows] for i in range(n)]
     candidates = [
-        [j for j in range(n) if _column_multiset_equal(pred_cols[j], gold_cols[i], rel_tol, abs_tol)]
-        for i in range(n)
+        [j for j in range(n) if _column_multiset_equal(pred_cols[j], gold_cols[i], rel_tol, abs_tol)] for i in range(n)
     ]
     if any(not c for c in candidates):
         return False

@@ -66,22 +66,18 @@ SHA256: dict[str, str] = {
     "database/car_1/car_1.sqlite": "38a0c4801f153762ceb25b96c5b1e4331ee89a90f31d8cc9d33e3f17a880f7a2",
     "database/concert_singer/concert_singer.sqlite": "af417951fea269a7b464bbe20c62d6cf1ce63aecd1010aa2be77f41034374e27",
     "database/course_teach/course_teach.sqlite": "e4e4aa7615bdbdf1b2dc74bfb6ee5191dcc4a7069ceacca4842c8da80019cddf",
-    "database/cre_Doc_Template_Mgt/cre_Doc_Template_Mgt.sqlite":
-        "36f6253907ea710ee2624f404d6bdc04d989d70d5ab6bd30d41d5fe0769bc41e",
+    "database/cre_Doc_Template_Mgt/cre_Doc_Template_Mgt.sqlite": "36f6253907ea710ee2624f404d6bdc04d989d70d5ab6bd30d41d5fe0769bc41e",  # noqa: E501 (a path and its hash, unsplittable)
     "database/dog_kennels/dog_kennels.sqlite": "d61ef53b3e2381847a869feaf5338d4125affb92994d96a9ca74bb8c6044d4f9",
-    "database/employee_hire_evaluation/employee_hire_evaluation.sqlite":
-        "9db9165d487ce96e36a9532ba70210266a27bc2c1c916ddaf6647c5b2941ecb1",
+    "database/employee_hire_evaluation/employee_hire_evaluation.sqlite": "9db9165d487ce96e36a9532ba70210266a27bc2c1c916ddaf6647c5b2941ecb1",  # noqa: E501 (a path and its hash, unsplittable)
     "database/flight_2/flight_2.sqlite": "bc1556436a224795f7b69082d4428f1a23ad0e1f406370850bd8831f1566e4fa",
     "database/museum_visit/museum_visit.sqlite": "e8f199b578f0bd69a70d2ecae3b50dd3405ce25ea6983afb6b5649df8d499a61",
     "database/network_1/network_1.sqlite": "70f3cf2c0113f99eafd3ff2e38fb1f9e2bb3c399949ad4c766f7549bd7c6bd60",
     "database/orchestra/orchestra.sqlite": "19bb9f9a4b57a1a734459e9d9042a70f7340526ea563352f1e8d9b5c7a1c58b8",
     "database/pets_1/pets_1.sqlite": "77f11b0456b6799313ddbf5672f63356e6f66fc74238b7d6ef281631863cd7c9",
     "database/poker_player/poker_player.sqlite": "cf3a506278c980b5c0b39939b307599a66224807ba0747892a5d288aaa1409a1",
-    "database/real_estate_properties/real_estate_properties.sqlite":
-        "557fe06e83b886a7babaed3fa2b93f18b87f8064837b56fef41e0d14dfa2170d",
+    "database/real_estate_properties/real_estate_properties.sqlite": "557fe06e83b886a7babaed3fa2b93f18b87f8064837b56fef41e0d14dfa2170d",  # noqa: E501 (a path and its hash, unsplittable)
     "database/singer/singer.sqlite": "d9c2257263547274d76a7a5f5d389af0501ed119f34b9f4d609f64da1b167e3a",
-    "database/student_transcripts_tracking/student_transcripts_tracking.sqlite":
-        "cf86d6f3e030d76b86f773a27f980b53261a71aaf1103a429f8f1f6e8a7c33c6",
+    "database/student_transcripts_tracking/student_transcripts_tracking.sqlite": "cf86d6f3e030d76b86f773a27f980b53261a71aaf1103a429f8f1f6e8a7c33c6",  # noqa: E501 (a path and its hash, unsplittable)
     "database/tvshow/tvshow.sqlite": "ae97a36fade7c957d29c13b0e0c67ff678acb1d641d58779aa014ae3a777018c",
     "database/voter_1/voter_1.sqlite": "1218208b8a30d6920fbb5d7dd5ce31e10069ccae749fd08b5c5364c646a7edbe",
     "database/world_1/world_1.sqlite": "42f3380ce1e3fbe59e2498237458e0e69089c4c7ff9f57d0d943de25b8072b3d",

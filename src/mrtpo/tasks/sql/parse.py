@@ -85,7 +85,7 @@ def code_blocks(text: str) -> list[CodeBlock]:
                 break
             trimmed = line.rstrip()
             if trimmed.endswith(fence):
-                body_lines.append(trimmed[: -ticks])
+                body_lines.append(trimmed[:-ticks])
                 closed = True
                 i += 1
                 break

@@ -223,9 +223,7 @@ def _decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def open_readonly(
-    db_path: str | Path, limits: SandboxLimits = DEFAULT_LIMITS
-) -> tuple[sqlite3.Connection, _Guard]:
+def open_readonly(db_path: str | Path, limits: SandboxLimits = DEFAULT_LIMITS) -> tuple[sqlite3.Connection, _Guard]:
     """Open ``db_path`` read-only with every protection of layers 2 and 3 installed.
 
     Raises ``FileNotFoundError`` when the file does not exist (SQLite would otherwise report a
@@ -299,8 +297,9 @@ def _check_text(sql: Any, limits: SandboxLimits) -> tuple[str | None, SandboxErr
     if not isinstance(sql, str):
         return None, SandboxError(ErrorKind.ENCODING, f"SQL must be str or bytes, got {type(sql).__name__}")
     if len(sql) > limits.max_sql_chars:
-        return None, SandboxError(ErrorKind.TOO_LONG,
-                                  f"SQL text has {len(sql)} characters (limit {limits.max_sql_chars})")
+        return None, SandboxError(
+            ErrorKind.TOO_LONG, f"SQL text has {len(sql)} characters (limit {limits.max_sql_chars})"
+        )
     try:
         sql.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -406,17 +405,16 @@ def _run(db_path: str, stmt: str, limits: SandboxLimits, t0: float, timeout_s: f
             return QueryResult(error=_classify(exc, guard), elapsed_s=time.monotonic() - t0)
         except (ValueError, OverflowError, MemoryError, UnicodeError) as exc:
             kind = ErrorKind.TOO_LARGE if isinstance(exc, (OverflowError, MemoryError)) else ErrorKind.RUNTIME
-            return QueryResult(error=SandboxError(kind, f"{type(exc).__name__}: {exc}"),
-                               elapsed_s=time.monotonic() - t0)
+            return QueryResult(
+                error=SandboxError(kind, f"{type(exc).__name__}: {exc}"), elapsed_s=time.monotonic() - t0
+            )
         if cur.description is None:
             # Not a row-returning statement (cannot happen after layer 1; be explicit anyway).
             return QueryResult(
                 error=SandboxError(ErrorKind.FORBIDDEN, "statement returns no result columns"),
                 elapsed_s=time.monotonic() - t0,
             )
-        return QueryResult(
-            columns=columns, rows=tuple(rows), elapsed_s=time.monotonic() - t0, result_bytes=nbytes
-        )
+        return QueryResult(columns=columns, rows=tuple(rows), elapsed_s=time.monotonic() - t0, result_bytes=nbytes)
     finally:
         con.close()
 

@@ -18,8 +18,9 @@ from mrtpo.verifiers import Example
 _FENCE = re.compile(r"`{3,}[A-Za-z]*")
 
 
-def checked_spans(example: Example, text: str,
-                  verifier_names: list[str]) -> list[tuple[str, str, list[tuple[int, int]]]]:
+def checked_spans(
+    example: Example, text: str, verifier_names: list[str]
+) -> list[tuple[str, str, list[tuple[int, int]]]]:
     """``[(verifier name, span kind, character spans)]`` for the rewards with a span in ``text``."""
     found = []
     fences = [(m.start(), m.end()) for m in _FENCE.finditer(text)]

@@ -55,11 +55,7 @@ SPLITS = ("train", "eval")
 
 
 def _interleave(groups: list[list[Any]]) -> list[Any]:
-    keyed = [
-        ((i / len(group), g), item)
-        for g, group in enumerate(groups)
-        for i, item in enumerate(group)
-    ]
+    keyed = [((i / len(group), g), item) for g, group in enumerate(groups) for i, item in enumerate(group)]
     return [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
 
 
@@ -98,9 +94,7 @@ class ToolCallTask(Task):
         self.eval_categories = tuple(eval_categories)
         for cat in self.train_categories + self.eval_categories:
             if cat not in SUPPORTED_CATEGORIES:
-                raise ValueError(
-                    f"unknown BFCL category {cat!r}; supported: {', '.join(SUPPORTED_CATEGORIES)}"
-                )
+                raise ValueError(f"unknown BFCL category {cat!r}; supported: {', '.join(SUPPORTED_CATEGORIES)}")
         both = set(self.train_categories) & set(self.eval_categories)
         if both:
             raise ValueError(f"categories in both train and eval: {sorted(both)}")
@@ -111,9 +105,7 @@ class ToolCallTask(Task):
         categories = self.train_categories if split == "train" else self.eval_categories
         groups = [load_category(cat) for cat in categories]
         if split == "train":
-            held_out = {
-                user_text(e["messages"]) for cat in self.eval_categories for e in load_category(cat)
-            }
+            held_out = {user_text(e["messages"]) for cat in self.eval_categories for e in load_category(cat)}
             groups = [[e for e in g if user_text(e["messages"]) not in held_out] for g in groups]
         return [make_example(entry, split) for entry in _interleave(groups)]
 
@@ -160,8 +152,11 @@ class ToolCallTask(Task):
         from mrtpo.tasks.toolcall import prompt as _prompt
 
         text = _prompt.FORMAT_INSTRUCTION + _prompt.PERSONA + _prompt.PYTHON_HINT + _prompt.system_prompt([])
-        return {"train_categories": list(self.train_categories), "eval_categories": list(self.eval_categories),
-                "prompt_sha256": hashlib.sha256(text.encode()).hexdigest()}
+        return {
+            "train_categories": list(self.train_categories),
+            "eval_categories": list(self.eval_categories),
+            "prompt_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
 
     def may_have_checked_spans(self, example: Example) -> bool:
         """Items with a gold call: their argument values can be checked spans (``mrtpo bench lift``)."""

@@ -71,12 +71,11 @@ class Checker:
     python_language: Any  # bfcl_eval.constants.enums.Language.PYTHON
     model_name: str
 
-    def check(self, functions: list[dict], decoded: list[dict], ground_truth: list[dict],
-              category: str) -> dict[str, Any]:
+    def check(
+        self, functions: list[dict], decoded: list[dict], ground_truth: list[dict], category: str
+    ) -> dict[str, Any]:
         """Run BFCL's checker on one decoded output ``[{name: {param: value}}, ...]``."""
-        return self.ast_checker(
-            functions, decoded, ground_truth, self.python_language, category, self.model_name
-        )
+        return self.ast_checker(functions, decoded, ground_truth, self.python_language, category, self.model_name)
 
 
 def _pick_real_model_name(mapping: Any) -> str:
@@ -84,9 +83,7 @@ def _pick_real_model_name(mapping: Any) -> str:
     for key in sorted(mapping):
         if "_" not in key and not getattr(mapping[key], "underscore_to_dot", True):
             return key
-    raise BFCLUnavailable(
-        "bfcl_eval.constants.model_config is loaded but has no model with underscore_to_dot=False"
-    )
+    raise BFCLUnavailable("bfcl_eval.constants.model_config is loaded but has no model with underscore_to_dot=False")
 
 
 @lru_cache(maxsize=1)

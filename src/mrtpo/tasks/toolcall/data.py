@@ -69,9 +69,7 @@ def expects_no_call(category: str) -> bool:
 
 def _check_category(category: str) -> None:
     if category not in SUPPORTED_CATEGORIES:
-        raise ValueError(
-            f"unknown BFCL category {category!r}; supported: {', '.join(SUPPORTED_CATEGORIES)}"
-        )
+        raise ValueError(f"unknown BFCL category {category!r}; supported: {', '.join(SUPPORTED_CATEGORIES)}")
 
 
 def _read_jsonl(path) -> list[dict[str, Any]]:
@@ -161,11 +159,7 @@ def to_openai_tools(functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def user_text(messages: list[dict[str, Any]]) -> str:
     """The user turn(s) of a question, normalised for duplicate detection across splits."""
-    return "\n".join(
-        " ".join(str(m.get("content", "")).split()).lower()
-        for m in messages
-        if m.get("role") == "user"
-    )
+    return "\n".join(" ".join(str(m.get("content", "")).split()).lower() for m in messages if m.get("role") == "user")
 
 
 __all__ = [

@@ -78,8 +78,7 @@ def evaluate_outputs(outputs: list[str], examples: list[Example]) -> dict[str, A
     """
     if len(outputs) != len(examples):
         raise ValueError(
-            f"evaluate needs one output per example: got {len(outputs)} outputs "
-            f"for {len(examples)} examples"
+            f"evaluate needs one output per example: got {len(outputs)} outputs for {len(examples)} examples"
         )
     fmt = FormatVerifier()
     items = []
@@ -103,9 +102,7 @@ def evaluate_outputs(outputs: list[str], examples: list[Example]) -> dict[str, A
         "n": n,
         "correct": correct,
         "accuracy": correct / n if n else 0.0,
-        "accuracy_macro": (
-            sum(s["accuracy"] for s in per_cat.values()) / len(per_cat) if per_cat else 0.0
-        ),
+        "accuracy_macro": (sum(s["accuracy"] for s in per_cat.values()) / len(per_cat) if per_cat else 0.0),
         "format_rate": sum(s["format_ok"] for s in per_cat.values()) / n if n else 0.0,
         "per_category": per_cat,
         "items": items,

@@ -105,8 +105,7 @@ def _json_loads(text: str, where: str) -> Any:
 def _to_call(obj: Any, where: str) -> ToolCall:
     if not isinstance(obj, dict):
         raise _ParseError(
-            f'{where}: expected a JSON object {{"name": ..., "arguments": {{...}}}}, '
-            f"got {type(obj).__name__}"
+            f'{where}: expected a JSON object {{"name": ..., "arguments": {{...}}}}, got {type(obj).__name__}'
         )
     canonical = set(obj) == {"name", "arguments"} and isinstance(obj.get("arguments"), dict)
     if isinstance(obj.get("function"), dict):  # OpenAI wrapper {"type": "function", "function": {...}}
@@ -124,9 +123,7 @@ def _to_call(obj: Any, where: str) -> ToolCall:
         except _ParseError as exc:
             raise exc from None
     if not isinstance(args, dict):
-        raise _ParseError(
-            f'{where}: call {name!r}: "{key}" must be a JSON object, got {type(args).__name__}'
-        )
+        raise _ParseError(f'{where}: call {name!r}: "{key}" must be a JSON object, got {type(args).__name__}')
     if not all(isinstance(k, str) for k in args):
         raise _ParseError(f"{where}: call {name!r}: argument names must be strings")
     return ToolCall(name=name.strip(), arguments=args, canonical=canonical)
@@ -138,8 +135,7 @@ def _calls_from_value(value: Any, where: str) -> list[ToolCall]:
         raise _ParseError(f"{where}: empty list of calls")
     if len(items) > MAX_CALLS:
         raise _ParseError(f"{where}: more than {MAX_CALLS} calls")
-    return [_to_call(item, f"{where} call {i + 1}" if len(items) > 1 else where)
-            for i, item in enumerate(items)]
+    return [_to_call(item, f"{where} call {i + 1}" if len(items) > 1 else where) for i, item in enumerate(items)]
 
 
 def _json_calls(content: str, where: str) -> list[ToolCall]:
@@ -153,8 +149,7 @@ def _json_calls(content: str, where: str) -> list[ToolCall]:
     calls: list[ToolCall] = []
     for i, line in enumerate(lines):
         try:
-            calls.extend(_calls_from_value(_json_loads(line, f"{where} line {i + 1}"),
-                                           f"{where} line {i + 1}"))
+            calls.extend(_calls_from_value(_json_loads(line, f"{where} line {i + 1}"), f"{where} line {i + 1}"))
         except _ParseError as exc:
             line_error = exc
             break
@@ -168,8 +163,7 @@ def _json_calls(content: str, where: str) -> list[ToolCall]:
         value = _json_loads(content.strip(), "as a whole")
     except _ParseError as exc:
         raise _ParseError(
-            f"{where} is neither one JSON object per line ({line_error}) "
-            f"nor a single JSON value ({exc})"
+            f"{where} is neither one JSON object per line ({line_error}) nor a single JSON value ({exc})"
         ) from None
     return _calls_from_value(value, where)
 
@@ -195,9 +189,7 @@ def _python_call(node: ast.AST, where: str) -> ToolCall:
         try:
             args[kw.arg] = ast.literal_eval(kw.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
-            raise _ParseError(
-                f"{where}: argument {kw.arg!r} of {name!r} is not a literal value ({exc})"
-            ) from None
+            raise _ParseError(f"{where}: argument {kw.arg!r} of {name!r} is not a literal value ({exc})") from None
     return ToolCall(name=name, arguments=args, canonical=False)
 
 
@@ -220,8 +212,7 @@ def _python_calls(source: str, where: str) -> list[ToolCall]:
         raise _ParseError(f"{where}: no function call")
     if len(nodes) > MAX_CALLS:
         raise _ParseError(f"{where}: more than {MAX_CALLS} calls")
-    return [_python_call(n, f"{where} call {i + 1}" if len(nodes) > 1 else where)
-            for i, n in enumerate(nodes)]
+    return [_python_call(n, f"{where} call {i + 1}" if len(nodes) > 1 else where) for i, n in enumerate(nodes)]
 
 
 def _tool_call_blocks(text: str) -> tuple[list[str], str]:
@@ -244,7 +235,7 @@ def _tool_call_blocks(text: str) -> tuple[list[str], str]:
         end = text.find(CLOSE_TAG, start + len(OPEN_TAG))
         if end < 0:
             raise _ParseError(f"block {len(blocks) + 1}: {OPEN_TAG} is never closed by {CLOSE_TAG}")
-        content = text[start + len(OPEN_TAG):end]
+        content = text[start + len(OPEN_TAG) : end]
         if OPEN_TAG in content:
             raise _ParseError(f"block {len(blocks) + 1}: {OPEN_TAG} opened again before {CLOSE_TAG}")
         blocks.append(content)
@@ -265,7 +256,7 @@ def _fences(text: str) -> list[tuple[str, str]]:
         end = text.find(_FENCE, start + 3)
         if end < 0:
             break
-        body = text[start + 3:end]
+        body = text[start + 3 : end]
         first, _, rest = body.partition("\n")
         if first.strip() and re.fullmatch(r"[A-Za-z0-9_+-]{1,20}", first.strip()):
             lang, content = first.strip().lower(), rest
@@ -314,8 +305,9 @@ def _looks_like_python_call(text: str) -> bool:
 
 def _parse(text: str) -> ParseResult:
     if len(text) > MAX_CHARS:
-        return ParseResult(form="none", error=(
-            f"completion has {len(text)} characters, more than the parser's limit of {MAX_CHARS}"))
+        return ParseResult(
+            form="none", error=(f"completion has {len(text)} characters, more than the parser's limit of {MAX_CHARS}")
+        )
     if OPEN_TAG in text or CLOSE_TAG in text:
         n_blocks = text.count(OPEN_TAG)
         try:
@@ -355,8 +347,10 @@ def _parse(text: str) -> ParseResult:
             return ParseResult(form="python", error=str(exc))
     return ParseResult(
         form="none",
-        error=(f"no tool call found: expected {OPEN_TAG}...{CLOSE_TAG} with one JSON object per line, "
-               "a JSON object or list, or Python-call syntax like f(a=1)"),
+        error=(
+            f"no tool call found: expected {OPEN_TAG}...{CLOSE_TAG} with one JSON object per line, "
+            "a JSON object or list, or Python-call syntax like f(a=1)"
+        ),
     )
 
 

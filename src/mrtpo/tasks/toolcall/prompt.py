@@ -111,9 +111,7 @@ def render_prompt(example: Example, tokenizer: Any = None) -> str:
                 f"{first_error}; with the system message folded into the user turn: {exc}"
             ) from exc
     if not isinstance(out, str):
-        raise TypeError(
-            f"apply_chat_template returned {type(out).__name__}, expected str (tokenize=False)"
-        )
+        raise TypeError(f"apply_chat_template returned {type(out).__name__}, expected str (tokenize=False)")
     return out
 
 
@@ -122,8 +120,9 @@ class FormatInstructionError(ValueError):
     ``<tool_call>`` instruction besides it (the ``format`` replay would then be wrong)."""
 
 
-def check_format_instruction(rendered: str, instruction: str, example_id: str = "?", expected: int = 1,
-                             references: tuple[str, ...] = ()) -> None:
+def check_format_instruction(
+    rendered: str, instruction: str, example_id: str = "?", expected: int = 1, references: tuple[str, ...] = ()
+) -> None:
     """Raise :class:`FormatInstructionError` unless ``instruction`` occurs ``expected`` times (1, or 0
     for a prompt with the instruction removed) in ``rendered`` and no ``<tool_call>`` /
     ``</tool_call>`` tag is left outside it and the ``references`` (privileged reference blocks a
@@ -149,7 +148,7 @@ def check_format_instruction(rendered: str, instruction: str, example_id: str = 
             at = rest.index(tag)
             raise FormatInstructionError(
                 f"example {example_id!r}: the rendered prompt mentions {tag} outside the call-format "
-                f"instruction (near {rest[max(0, at - 60):at + 20]!r}); removing the instruction would "
+                f"instruction (near {rest[max(0, at - 60) : at + 20]!r}); removing the instruction would "
                 "leave another format instruction in place. Render without the chat template's tools= "
                 "section and keep every call-format hint inside the instruction"
             )
@@ -162,16 +161,17 @@ def render_checked(example: Example, tokenizer: Any = None) -> str:
     other ``<tool_call>`` text does, except in a reference block appended under
     :data:`~mrtpo.verifiers.DEFAULT_PRIVILEGED_HEADER` (the ``correctness`` counterfactual's gold calls)."""
     instruction = example.meta.get("format_instruction", FORMAT_INSTRUCTION)
-    in_messages = sum(
-        m["content"].count(instruction) for m in example.messages if isinstance(m.get("content"), str)
-    )
+    in_messages = sum(m["content"].count(instruction) for m in example.messages if isinstance(m.get("content"), str))
     if in_messages > 1:
         raise FormatInstructionError(
             f"example {example.id!r}: the call-format instruction occurs {in_messages} times in the "
             "messages; it must occur exactly once"
         )
-    references = tuple(m["content"][m["content"].index(DEFAULT_PRIVILEGED_HEADER):] for m in example.messages
-                       if isinstance(m.get("content"), str) and DEFAULT_PRIVILEGED_HEADER in m["content"])
+    references = tuple(
+        m["content"][m["content"].index(DEFAULT_PRIVILEGED_HEADER) :]
+        for m in example.messages
+        if isinstance(m.get("content"), str) and DEFAULT_PRIVILEGED_HEADER in m["content"]
+    )
     text = render_prompt(example, tokenizer)
     check_format_instruction(text, instruction, example.id, expected=in_messages, references=references)
     return text

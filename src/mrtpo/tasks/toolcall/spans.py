@@ -37,8 +37,9 @@ def argument_values(text: str, keys: set[str]) -> list[tuple[str, object, tuple[
     return found
 
 
-def checked_spans(example: Example, text: str,
-                  verifier_names: list[str]) -> list[tuple[str, str, list[tuple[int, int]]]]:
+def checked_spans(
+    example: Example, text: str, verifier_names: list[str]
+) -> list[tuple[str, str, list[tuple[int, int]]]]:
     """``[("correctness", span kind, character spans)]`` for the spans present in ``text``."""
     if "correctness" not in verifier_names:
         return []

@@ -113,8 +113,7 @@ def _match_one(pred: Any, accepted: Any) -> bool:
             isinstance(pred, (list, tuple))
             and len(pred) == len(accepted)
             and all(
-                (isinstance(p, dict) and dict_matches(p, a)) if isinstance(a, dict)
-                else _match_literal(p, a)
+                (isinstance(p, dict) and dict_matches(p, a)) if isinstance(a, dict) else _match_literal(p, a)
                 for p, a in zip(pred, accepted)
             )
         )
@@ -123,9 +122,7 @@ def _match_one(pred: Any, accepted: Any) -> bool:
 
 def value_matches(pred: Any, acceptable: list[Any]) -> bool:
     """Is ``pred`` one of BFCL's acceptable values (``""``, "omitted", never matches a value)?"""
-    return any(
-        _match_one(pred, a) for a in _as_list(acceptable) if not (isinstance(a, str) and a == OPTIONAL)
-    )
+    return any(_match_one(pred, a) for a in _as_list(acceptable) if not (isinstance(a, str) and a == OPTIONAL))
 
 
 def is_optional(acceptable: list[Any]) -> bool:
@@ -329,8 +326,7 @@ class FormatVerifier:
             if not _expects_call(example):
                 text = completion_text(completion)
                 plain = (
-                    0 < len(text.strip()) and len(text) <= MAX_CHARS
-                    and OPEN_TAG not in text and CLOSE_TAG not in text
+                    0 < len(text.strip()) and len(text) <= MAX_CHARS and OPEN_TAG not in text and CLOSE_TAG not in text
                 )
                 return float(plain and not result.ok)
             return float(is_well_formed(result))
@@ -379,9 +375,7 @@ class CorrectnessVerifier:
             result = parse_completion(completion)
             if not _expects_call(example):
                 return self.call_when_none_expected if result.ok else 0.0
-            ground_truth = effective_ground_truth(
-                example.gold.get("ground_truth", []), example.meta.get("functions")
-            )
+            ground_truth = effective_ground_truth(example.gold.get("ground_truth", []), example.meta.get("functions"))
             return toolrl_score(result.calls if result.ok else (), ground_truth)
         except Exception:  # noqa: BLE001 - a verifier never raises on model output
             return -3.0
@@ -392,7 +386,7 @@ class CorrectnessVerifier:
             return Evidence(NO_CALL_EVIDENCE, "privileged")
         text = render_tool_calls(canonical_gold(ground_truth, example.meta.get("functions")))
         if any(len(acc) > 1 for _, params in gold_calls(ground_truth) for acc in params.values()):
-            text += "\nAccepted values per parameter (\"\" = may be omitted): " + json.dumps(
+            text += '\nAccepted values per parameter ("" = may be omitted): ' + json.dumps(
                 ground_truth, ensure_ascii=False
             )
         return Evidence(text, "privileged")
