@@ -11,7 +11,6 @@ package's own code and pins nothing.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -19,18 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from mrtpo.config import ConfigError
+from mrtpo.model_presets import sha256_file
 from mrtpo.tasks import is_task_file
 
 #: The pin in a run folder.
 PIN_NAME = "task_pin.json"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _label(path: Path, folder: Path) -> str:
@@ -82,7 +74,7 @@ def task_fingerprint(task: Any) -> dict[str, str]:
     files = [("task file", Path(task).resolve())]
     files += [("reward source", p) for p in _reward_sources(spec)]
     files += [("dataset", p) for p in _data_files(spec)]
-    return {f"{kind} {_label(path, spec.folder)}": _sha256(path) for kind, path in files if path.is_file()}
+    return {f"{kind} {_label(path, spec.folder)}": sha256_file(path) for kind, path in files if path.is_file()}
 
 
 def read_pin(run: Path) -> dict[str, Any] | None:

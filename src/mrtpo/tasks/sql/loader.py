@@ -21,7 +21,6 @@ The split is **by database** (Spider is cross-database: no eval schema is seen i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -29,6 +28,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mrtpo.model_presets import sha256_file
 
 ENV_VAR = "MRTPO_SPIDER_DIR"
 
@@ -139,14 +140,6 @@ def find_spider_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
     raise SpiderDataError(f"Spider data not found (no dev.json). Looked at {tried}. {HOW_TO_GET}")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def db_path(root: Path, db_id: str) -> Path:
     return root / "database" / db_id / f"{db_id}.sqlite"
 
@@ -186,7 +179,7 @@ def validate(root: Path, db_ids: tuple[str, ...], verify: str = "sha256") -> Non
         raise SpiderDataError(f"Spider folder {root} is incomplete, missing: {', '.join(missing)}. {HOW_TO_GET}")
     if verify == "sha256":
         rels = ["dev.json", "tables.json"] + [str(db_path(root, d).relative_to(root)) for d in db_ids]
-        bad = [r for r in rels if _sha256(root / r) != SHA256[r]]
+        bad = [r for r in rels if sha256_file(root / r) != SHA256[r]]
         if bad:
             raise SpiderDataError(
                 f"sha256 mismatch in {root} for: {', '.join(bad)}. These are not the files described in "
