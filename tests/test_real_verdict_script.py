@@ -36,7 +36,7 @@ def test_plan_expands_to_the_designs_runs(rv):
     assert not {r["seed"] for r in tune} & set(design["seeds"])  # tuning never on the verdict's seeds
     count = {role: sum(r["role"] == role for r in verdict) for role in ("baseline", "treatment", "control", "oracle")}
     assert count == {"baseline": 8, "treatment": 8, "control": 4, "oracle": 4}
-    assert [r["method"] for r in verdict[:4]] == ["gdpo", "mrtpo", "mrtpo-shuffled", "mrtpo-oracle"]  # paired by seed
+    assert [r["method"] for r in verdict[:4]] == ["gdpo", "mrtpo", "mrtpo-shuffled", "oracle"]  # paired by seed
     assert runs.index(tune[-1]) < runs.index(verdict[0])
 
 
