@@ -125,6 +125,22 @@ def _greedy(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
     return new
 
 
+def _known_positions(task, verifiers, example, tokenizer, completion_ids: list[int], needs: str):
+    """``(1, K, T)``: the positions the task knows each reward reads in the completion, for a method that
+    weighs them (the ``oracle``); ``None`` for the others."""
+    from mrtpo.known_positions import known_position_mask
+    from mrtpo.replay_plan import context_rule
+    from mrtpo.task_base import implements
+
+    if not context_rule(needs).known:
+        return None
+    text = tokenizer.decode(completion_ids, skip_special_tokens=True)
+    spans_of = task.checked_spans if implements(task, "checked_spans") else None
+    return known_position_mask(
+        verifiers, [example], [text], [list(completion_ids)], len(completion_ids), tokenizer, spans_of
+    )
+
+
 def explain(
     model,
     tokenizer,
@@ -176,6 +192,7 @@ def explain(
         joint_relevance=None if result.joint is None else result.joint.unsqueeze(0),
         entropy=None if result.entropy is None else result.entropy.unsqueeze(0),
         decoy_relevance=None if result.decoy is None else result.decoy.unsqueeze(0),
+        known_positions=_known_positions(task, verifiers, example, tokenizer, completion_ids, credit.needs),
     )
     weights = credit.weights(batch, CreditConfig(lam=lam, w_max=w_max))[0]  # (K, T)
     tokens = [tokenizer.decode([i]) for i in completion_ids]
