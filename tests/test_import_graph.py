@@ -33,6 +33,7 @@ FLOORS = {
     "reward_calls": 0,
     "run_outputs": 0,
     "testing": 0,
+    "trl_compat": 0,
     "trl_names": 0,
     "validation": 0,
     "verifiers": 0,

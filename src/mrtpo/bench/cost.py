@@ -106,6 +106,9 @@ def _with_update_head(model, lora_r: int):
     """The policy as the trainer updates it: TRL's fused LM head, LoRA (rank ``lora_r``, q/k/v/o) unless 0."""
     from trl.trainer.utils import add_fused_lm_head
 
+    from mrtpo.trl_compat import ensure_fused_head_runs
+
+    ensure_fused_head_runs()
     add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
     if lora_r <= 0:
         return model

@@ -76,6 +76,7 @@ from mrtpo.trainer.metrics import (
 )
 from mrtpo.trainer.replay_step import ReplayStepMixin
 from mrtpo.trainer.update_rows import rows_that_move
+from mrtpo.trl_compat import ensure_fused_head_runs
 from mrtpo.validation import check_train_dataset
 
 
@@ -90,6 +91,7 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_reward_calls(GRPOTrainer.__init__, self, *args, **kwargs)  # before GRPOTrainer loads a model by name
         check_train_dataset(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
+        ensure_fused_head_runs()  # TRL 1.15 without Triton: its fused head's kernel in PyTorch
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, MRTPOConfig):
             raise TypeError("MRTPOTrainer needs an MRTPOConfig (args=MRTPOConfig(...))")
