@@ -82,6 +82,21 @@ def test_settings_that_are_not_shipped_are_built_as_before():
     assert shipped_policy(get_task("gym-answer", p_follow=0.7)) is None
 
 
+def test_an_install_without_the_policies_builds_and_says_why(monkeypatch, tmp_path):
+    """A wheel install carries no policies (pyproject leaves them out): the task builds its warm start
+    and warns that it differs from the pinned one; a checkout's shipped policy is not built."""
+    import mrtpo.gym.policy as policy
+
+    assert shipped.policies_installed()  # this checkout has them
+    built = []
+    monkeypatch.setattr(policy, "load_warm_start", lambda task, dtype=None: built.append(task.name) or ("m", "t"))
+    monkeypatch.setattr(shipped, "POLICIES_DIR", tmp_path)  # a wheel install: no policies folder
+    assert not shipped.policies_installed() and shipped_policy(get_task("gym-call")) is None
+    with pytest.warns(UserWarning, match="carries no shipped gym policies"):
+        assert get_task("gym-call").policy() == ("m", "t")
+    assert built == ["gym-call"]
+
+
 def _copy(tmp_path, name):
     root = tmp_path / "policies"
     root.mkdir()

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,9 @@ def test_the_wheel_installs_with_an_extra_into_a_fresh_venv_offline(tmp_path):
     built = _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source))
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     wheel = next(wheels.glob("mrtpo-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:  # the gym's shipped policies (24 MB) stay in the source tree
+        assert not [n for n in archive.namelist() if "/gym/policies/" in n]
+    assert wheel.stat().st_size < 2_000_000
 
     extra = [_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["instructions"]]
     pins = _constraints()

@@ -8,6 +8,10 @@ therefore ships the warm starts of each family's default settings for warm-start
 lists every file's sha256 and is itself pinned here (:data:`SHIPPED_MANIFEST_SHA256`): a changed
 file is an error that names it, never a silently different policy. Settings that are not shipped
 are built and cached as before (:func:`mrtpo.gym.policy.ensure_warm_start`).
+
+The policies (24 MB) live in the source tree, not in the wheel: an install from a checkout (the
+README's ``bash scripts/setup.sh``, editable) has them; a wheel install has none and builds each warm
+start on first use, saying so (:func:`policies_installed`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,18 @@ def _manifest(folder: Path, pinned: str | None) -> dict[str, Any]:
             "scripts/build_gym_policies.py and pin the printed sha256"
         )
     return json.loads(path.read_text())
+
+
+def policies_installed(folder: Path | None = None) -> bool:
+    """Whether this install carries the shipped policies (a source checkout does, a wheel does not)."""
+    return ((folder or POLICIES_DIR) / "MANIFEST.json").is_file()
+
+
+NOT_INSTALLED = (
+    "this install carries no shipped gym policies (the wheel leaves out their 24 MB), so the warm start is "
+    "built here and differs from the pinned one docs/results used; install from a source checkout "
+    "(bash scripts/setup.sh) to start from the shipped policies"
+)
 
 
 def shipped_policies(folder: Path | None = None) -> dict[str, dict[str, Any]]:
@@ -83,10 +99,12 @@ def load_shipped(folder: Path, dtype=None):
 
 
 __all__ = [
+    "NOT_INSTALLED",
     "POLICIES_DIR",
     "SHIPPED_MANIFEST_SHA256",
     "ShippedPolicyError",
     "load_shipped",
+    "policies_installed",
     "shipped_policies",
     "shipped_policy",
 ]

@@ -13,6 +13,7 @@ tiny policy is warm-started on (:mod:`mrtpo.gym.policy`). ``model: gym`` in a tr
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -166,10 +167,14 @@ class GymTask(Task):
         """``(model, tokenizer)``: this task's warm-started tiny policy: the shipped one where its settings
         are shipped (:mod:`mrtpo.gym.shipped`), else built and cached on first use."""
         from mrtpo.gym.policy import load_warm_start
-        from mrtpo.gym.shipped import load_shipped, shipped_policy
+        from mrtpo.gym.shipped import NOT_INSTALLED, load_shipped, policies_installed, shipped_policy
 
         folder = shipped_policy(self)
-        return load_shipped(folder, dtype) if folder is not None else load_warm_start(self, dtype=dtype)
+        if folder is not None:
+            return load_shipped(folder, dtype)
+        if not policies_installed():
+            warnings.warn(NOT_INSTALLED, stacklevel=2)
+        return load_warm_start(self, dtype=dtype)
 
     def _reference(self, messages: list[dict], text: str) -> list[dict]:
         return append_privileged(messages, text, self.settings.privileged_header)
