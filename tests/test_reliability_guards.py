@@ -430,7 +430,7 @@ def test_two_runs_started_together_never_share_a_folder(tmp_path, gym_cache):
     results = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
     assert sorted(code for code, _ in results) == [0, 2], results
     refused = next(err for code, err in results if code == 2)
-    assert "is in use by another mrtpo run" in refused or "already holds a run" in refused
+    assert "is in use by mrtpo train (pid " in refused or "already holds a run" in refused
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and steps[-1] == 2
 

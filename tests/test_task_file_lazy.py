@@ -140,3 +140,13 @@ def test_ids_from_a_column_are_looked_up_and_must_be_unique(tmp_path, built):
     rows[17_000]["uid"] = "u3"
     with pytest.raises(ConfigError, match=r"has two examples with id 'u3'; ids must be unique"):
         load_task_data(load_config([], {"task": str(_task(tmp_path / "dup", rows, "id_column: uid\n"))}))
+
+
+def test_a_null_line_is_named_by_its_row(tmp_path):
+    """``datasets`` reads a ``null`` line as a row of empty cells (the line check runs only on a file it rejects)."""
+    from mrtpo.tasks.from_config import TaskFileError, load_task_file
+
+    path = _task(tmp_path / "null-line", [_row(0)])
+    (path.parent / "data.jsonl").write_text(json.dumps(_row(0)) + "\nnull\n" + json.dumps(_row(2)) + "\n")
+    with pytest.raises(TaskFileError, match=r"^row 1 of split 'train': the prompt must be text .* got None$"):
+        load_task_file(path)
