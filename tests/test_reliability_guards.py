@@ -395,6 +395,25 @@ def test_exports_written_elsewhere_share_a_run_and_one_into_it_waits_for_them(tm
     assert (run / LOCK_NAME).read_text() == ""  # emptied by the last holder, the killed reader's line too
 
 
+def test_a_run_folder_nobody_can_write_is_exported_without_a_lock(tmp_path, monkeypatch, capsys):
+    """No lock file can be made there, so no training can be writing it: export reads it; report (a write) fails."""
+    from mrtpo.report.command import main as report_main
+
+    run = make_run(tmp_path / "run")
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if Path(path).name == LOCK_NAME:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert export_model(run, tmp_path / "copy") == tmp_path / "copy"
+    assert report_main([str(run)]) == 2
+    assert f"cannot write to the output folder {run}: Read-only file system" in capsys.readouterr().err
+    assert not (run / LOCK_NAME).exists() and not (run / "report.md").exists()
+
+
 def test_a_holder_that_ended_is_not_named(tmp_path):
     from mrtpo.run_lock import RunLockError, lock_run_folder
 

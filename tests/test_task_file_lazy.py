@@ -92,6 +92,7 @@ def test_loading_a_large_task_file_builds_no_example_until_one_is_read(tmp_path,
     train, held = _eager(tmp_path / "big" / "data.jsonl", 0.1, 3)
     assert list(data.train) == train and list(data.evals) == held[:500]
     assert list(data.task.load("eval")) == held
+    assert rows.column_names == ["prompt", "rule", "n", "uid", "example_id"]
     assert rows.to_list() == [
         {"prompt": e.gold["prompt"], "rule": e.gold["rule"], "n": e.gold["n"], "uid": e.gold["uid"], "example_id": e.id}
         for e in train
