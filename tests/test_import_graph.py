@@ -31,6 +31,7 @@ FLOORS = {
     "model_presets": 0,
     "replay_passes": 0,
     "reward_calls": 0,
+    "run_lock": 0,
     "run_outputs": 0,
     "testing": 0,
     "trl_compat": 0,

@@ -6,6 +6,7 @@ Every run folder here is made by hand (a ``config.yaml`` and a ``model/`` of a f
 full fine-tuning run copies ``model/`` and loads nothing.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -18,6 +19,7 @@ import pytest
 
 from mrtpo.config import ConfigError, load_config
 from mrtpo.export import export_model, main as export_main
+from mrtpo.run_lock import LOCK_NAME
 
 
 def make_run(folder: Path) -> Path:
@@ -34,7 +36,12 @@ def make_run(folder: Path) -> Path:
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file under ``folder`` but a run's lock file (the commands' own, emptied when they end)."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != LOCK_NAME
+    }
 
 
 def export_error(capsys, *argv) -> str:
@@ -233,8 +240,6 @@ def held_elsewhere(folder: Path) -> bool:
     """Whether some open file holds ``folder``'s run lock (a new open file description cannot take it)."""
     import fcntl
 
-    from mrtpo.run_folder import LOCK_NAME
-
     with open(folder / LOCK_NAME, "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -253,7 +258,7 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path, capsys):
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from mrtpo.run_folder import lock_run_folder; lock_run_folder(Path(sys.argv[1])); "
+            "from mrtpo.run_lock import lock_run_folder; lock_run_folder(Path(sys.argv[1])); "
             "print('locked', flush=True); time.sleep(60)",
             str(out),
         ],
@@ -266,7 +271,7 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path, capsys):
         assert mrtpo.train.main([*GYM, "--output-dir", str(out), *GYM_KEYS]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0
-        assert f"{out} is in use by another mrtpo run (pid {holder.pid})" in err
+        assert f"{out} is in use by mrtpo train (pid {holder.pid}): wait for it to end" in err
     finally:
         holder.kill()
         holder.wait()
@@ -294,7 +299,7 @@ def test_processes_of_one_run_do_not_refuse_each_other(tmp_path, monkeypatch):
     import mrtpo.train
 
     out = tmp_path / "run"
-    from mrtpo.run_folder import lock_run_folder
+    from mrtpo.run_lock import lock_run_folder
 
     lock = lock_run_folder(out)  # rank 0 holds it
     monkeypatch.setenv("RANK", "1")
@@ -303,6 +308,123 @@ def test_processes_of_one_run_do_not_refuse_each_other(tmp_path, monkeypatch):
         assert mrtpo.train.main([*GYM, "--output-dir", str(out), *GYM_KEYS]) == 2  # reached the model, not refused
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def held_by(folder: Path, command: str = "mrtpo train", shared: bool = False):
+    """Another process holding ``folder``'s run lock as ``command`` would (exclusive, or ``shared``) until the
+    block ends; yields the process (its pid is the holder's)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from mrtpo.run_lock import lock_run_folder; "
+            "lock_run_folder(Path(sys.argv[1]), sys.argv[2], shared=sys.argv[3] == 'shared'); "
+            "print('locked', flush=True); time.sleep(60)",
+            str(folder),
+            command,
+            "shared" if shared else "exclusive",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": "src"},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_report_is_refused_while_a_training_holds_the_run_and_writes_nothing(tmp_path, capsys):
+    from mrtpo.report.command import main as report_main
+
+    run = make_run(tmp_path / "run")
+    before = snapshot(run)
+    with held_by(run) as training:
+        assert report_main([str(run)]) == 2
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "Traceback" not in out + err
+        assert err.startswith(
+            f"mrtpo report: error: {run} is in use by mrtpo train (pid {training.pid}): wait for it to end "
+            f"(a training writes its own report at its end, unless report: false), then run mrtpo report {run}"
+        )
+        assert snapshot(run) == before  # no report file written
+    assert report_main([str(run)]) == 0  # the training ended: the report is written
+    assert (run / "report.md").is_file() and (run / LOCK_NAME).read_text() == ""
+
+
+def test_export_is_refused_while_a_training_holds_the_run(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    before = snapshot(tmp_path)
+    with held_by(run) as training:
+        for dest in (tmp_path / "merged", run / "export"):  # written elsewhere (a reader) or into the run
+            line = export_error(capsys, run, "--output-dir", dest)
+            assert f"{run} is in use by mrtpo train (pid {training.pid}): export reads model/ and the " in line
+        assert snapshot(tmp_path) == before and not (tmp_path / "merged").exists()
+    assert export_main([str(run), "--output-dir", str(tmp_path / "merged")]) == 0  # ended: exported
+    assert (tmp_path / "merged" / "model.safetensors").read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize("command, shared", [("mrtpo report", False), ("mrtpo export", True)])
+def test_training_is_refused_while_a_report_or_an_export_holds_the_run(gym_run, tmp_path, capsys, command, shared):
+    import mrtpo.train
+
+    fresh, run = tmp_path / "fresh", gym_run(tmp_path / "run")
+    for out, resume in ((fresh, []), (run, ["--resume", str(run), "--max-steps", "4"])):
+        before = snapshot(out) if out.exists() else {}
+        with held_by(out, command, shared) as holder:
+            assert mrtpo.train.main([*GYM, "--output-dir", str(out), *resume, *GYM_KEYS]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"{out} is in use by {command} (pid {holder.pid})" in err, err
+        assert snapshot(out) == before
+
+
+def test_exports_written_elsewhere_share_a_run_and_one_into_it_waits_for_them(tmp_path, capsys):
+    from mrtpo.report.command import main as report_main
+
+    run = make_run(tmp_path / "run")
+    with held_by(run, "mrtpo export", shared=True) as reader:
+        assert export_model(run, tmp_path / "copy") == tmp_path / "copy"  # two readers at once
+        assert f"{reader.pid} mrtpo export" in (run / LOCK_NAME).read_text()  # the other reader still listed
+        line = export_error(capsys, run)  # the default output, RUN/export, is a write into the run
+        assert f"{run} is in use by mrtpo export (pid {reader.pid})" in line and not (run / "export").exists()
+        assert report_main([str(run)]) == 2 and f"in use by mrtpo export (pid {reader.pid})" in capsys.readouterr().err
+    assert export_model(run) == run / "export"  # the reader ended (killed: the kernel dropped its lock)
+    assert (run / LOCK_NAME).read_text() == ""  # emptied by the last holder, the killed reader's line too
+
+
+def test_a_run_folder_nobody_can_write_is_exported_without_a_lock(tmp_path, monkeypatch, capsys):
+    """No lock file can be made there, so no training can be writing it: export reads it; report (a write) fails."""
+    from mrtpo.report.command import main as report_main
+
+    run = make_run(tmp_path / "run")
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if Path(path).name == LOCK_NAME:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert export_model(run, tmp_path / "copy") == tmp_path / "copy"
+    assert report_main([str(run)]) == 2
+    assert f"cannot write to the output folder {run}: Read-only file system" in capsys.readouterr().err
+    assert not (run / LOCK_NAME).exists() and not (run / "report.md").exists()
+
+
+def test_a_holder_that_ended_is_not_named(tmp_path):
+    from mrtpo.run_lock import RunLockError, lock_run_folder
+
+    run = tmp_path / "run"
+    with held_by(run, "mrtpo export", shared=True) as reader:
+        with (run / LOCK_NAME).open("a") as f:
+            f.write("999999999 mrtpo export\n")  # a reader that ended while another read (no such pid)
+        with pytest.raises(RunLockError) as err:
+            lock_run_folder(run)
+    assert str(err.value).startswith(f"{run} is in use by mrtpo export (pid {reader.pid}): wait")
+    assert "999999999" not in str(err.value)
 
 
 @pytest.mark.slow  # two subprocesses that import torch and train: ~50 s on a shared 2-core machine
@@ -327,7 +449,7 @@ def test_two_runs_started_together_never_share_a_folder(tmp_path, gym_cache):
     results = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
     assert sorted(code for code, _ in results) == [0, 2], results
     refused = next(err for code, err in results if code == 2)
-    assert "is in use by another mrtpo run" in refused or "already holds a run" in refused
+    assert "is in use by mrtpo train (pid " in refused or "already holds a run" in refused
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and steps[-1] == 2
 

@@ -12,12 +12,15 @@ model is cast only when asked). A run without
 ``model/`` (stopped before the end) exports its newest complete checkpoint, with a note. The output
 appears whole or not at all (written next to it, renamed last). It replaces only a folder an earlier
 export wrote (its mark file), and only with ``--overwrite``: a run folder, a folder inside or holding
-one, and a folder of other files are refused (:func:`mrtpo.run_folder.check_output_folder`).
+one, and a folder of other files are refused (:func:`mrtpo.run_folder.check_output_folder`). A run that a
+training is writing is refused with its pid (:mod:`mrtpo.run_lock`: export reads a run under a shared lock,
+and writes into it, the default ``RUN/export``, under the exclusive one).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -25,6 +28,7 @@ from pathlib import Path
 from mrtpo.cli_help import HelpFormatter
 from mrtpo.config import CONFIG_NAME, ConfigError, load_config
 from mrtpo.run_folder import OUTPUT_MARK, check_output_folder, find_checkpoint, mark_output
+from mrtpo.run_lock import RunLockError, lock_run_folder
 from mrtpo.run_outputs import FINAL_DIR, is_adapter
 
 __all__ = ["export_model", "main"]
@@ -60,17 +64,36 @@ def export_model(
     run: str | Path, output_dir: str | Path | None = None, overwrite: bool = False, dtype: str | None = None
 ) -> Path:
     """Write the standalone model of run folder ``run`` to ``output_dir`` (default ``<run>/export``), its
-    weights in ``dtype`` (None: float32 for a merged adapter, a full model's own dtype)."""
+    weights in ``dtype`` (None: float32 for a merged adapter, a full model's own dtype). Holds the run's lock
+    meanwhile (:mod:`mrtpo.run_lock`): shared while it only reads the run, exclusive when it writes into it
+    (the default output); a run that a training holds is refused, naming its pid."""
+    return _export(run, output_dir, overwrite, dtype)[0]
+
+
+def _export(run: str | Path, output_dir: str | Path | None, overwrite: bool, dtype: str | None) -> tuple[Path, bool]:
+    """:func:`export_model`, and whether the exported model is a merged LoRA adapter."""
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     run = Path(run)
     if not run.is_dir():
         raise ConfigError(f"no such run folder: {run}")
-    source, note = _source(run)
-    if note:
-        print(note, flush=True)
     dest = Path(output_dir) if output_dir else run / EXPORT_DIR
-    check_output_folder(dest, overwrite, slot=run / EXPORT_DIR)
+    into_run = Path(os.path.abspath(dest)).is_relative_to(os.path.abspath(run))
+    advice = "export reads model/ and the checkpoints a run writes: wait for it to end, then export"
+    lock = lock_run_folder(run, "mrtpo export", shared=not into_run, advice=advice)
+    try:
+        source, note = _source(run)
+        if note:
+            print(note, flush=True)
+        check_output_folder(dest, overwrite, slot=run / EXPORT_DIR)
+        _write(run, source, dest, dtype)
+        return dest, is_adapter(source)
+    finally:
+        lock.release()
+
+
+def _write(run: Path, source: Path, dest: Path, dtype: str | None) -> None:
+    """The export of ``source`` (``model/`` or a checkpoint of ``run``), written next to ``dest`` and renamed to it."""
     partial = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     skip = (
@@ -102,7 +125,6 @@ def export_model(
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial.rename(dest)
-    return dest
 
 
 def _merge(run: Path, adapter: Path, dest: Path, dtype: str) -> None:
@@ -163,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     from mrtpo.models import ModelLoadError
 
     try:
-        dest = export_model(ns.run, ns.output_dir, ns.overwrite, ns.dtype)
-    except (ConfigError, ModelLoadError) as exc:
+        dest, merged = _export(ns.run, ns.output_dir, ns.overwrite, ns.dtype)
+    except (ConfigError, ModelLoadError, RunLockError) as exc:
         print(f"mrtpo export: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a read-only folder: the run is untouched, the output not written
@@ -172,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             f"mrtpo export: error: cannot write {exc.filename or ns.output_dir}: {exc.strerror or exc}", file=sys.stderr
         )
         return 2
-    kind = "merged LoRA adapter" if is_adapter(_source(Path(ns.run))[0]) else "copy"
-    print(f"exported ({kind}): {dest}")
+    print(f"exported ({'merged LoRA adapter' if merged else 'copy'}): {dest}")
     return 0
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Offline only where the user or the machine says so: main() asks mrtpo.hub before anything loads.
@@ -23,7 +24,8 @@ from mrtpo.config import (  # noqa: E402
 )
 from mrtpo.task_base import implements, task_hook  # noqa: E402
 from mrtpo.tasks import is_task_file  # noqa: E402
-from mrtpo.validation import SettingError, check_evidence_in_prompts  # noqa: E402
+from mrtpo.tasks.lazy_rows import DuplicateIdError, examples_by_id  # noqa: E402
+from mrtpo.validation import SettingError  # noqa: E402
 
 logger = logging.getLogger("mrtpo.train")
 
@@ -83,12 +85,13 @@ def format_step(step: int, max_steps: int, logs: dict[str, Any], reward_names: l
 
 @dataclasses.dataclass
 class TaskData:
-    """A run's task, its train and eval examples, and every example by id (what the rewards look up)."""
+    """A run's task, its train and eval examples, and every example by id (what the rewards look up). A task
+    file's are lazy (:mod:`mrtpo.tasks.lazy_rows`): sequences and a mapping whose examples are built on access."""
 
     task: Any
-    train: list
-    evals: list
-    examples: dict
+    train: Sequence
+    evals: Sequence
+    examples: Mapping
 
 
 def load_task_data(config: RunConfig) -> TaskData:
@@ -131,14 +134,13 @@ def load_task_data(config: RunConfig) -> TaskData:
         )
     evals = task.load("eval", run.eval_size) if run.eval_size else []
     try:  # a task file's own evidence (a built-in task's may sit in the rendered tools: the trainer checks those)
-        check_evidence_in_prompts([*train, *evals], task.verifiers()) if is_task_file(run.task) else None
+        task.check_evidence([train, evals]) if is_task_file(run.task) else None
     except SettingError as exc:
         raise ConfigError(str(exc)) from None
-    examples = {}
-    for ex in [*train, *evals]:
-        if ex.id in examples:
-            raise ConfigError(f"task {run.task!r} has two examples with id {ex.id!r}; ids must be unique")
-        examples[ex.id] = ex
+    try:  # a task file's: its ids as one sorted Arrow array, each example built when looked up
+        examples = examples_by_id([train, evals])
+    except DuplicateIdError as exc:
+        raise ConfigError(f"task {run.task!r} has two examples with id {exc.id!r}; ids must be unique") from None
     return TaskData(task, train, evals, examples)
 
 
@@ -165,6 +167,15 @@ def load_model(config: RunConfig, task: Any):
     return (*load_with_init(run.model, init), None)
 
 
+def trainer_dataset(task: Any, examples: Sequence):
+    """The trainer's ``datasets.Dataset`` of ``examples``: the task's :meth:`~mrtpo.task_base.Task.trainer_rows`
+    (rows, or a task file's dataset itself)."""
+    from datasets import Dataset
+
+    rows = task_hook(task, "trainer_rows")(examples)
+    return rows if isinstance(rows, Dataset) else Dataset.from_list(rows)
+
+
 def build_trainer(config: RunConfig, data: TaskData | None = None):
     """The :class:`~mrtpo.trainer.MRTPOTrainer` for ``config``: task data (``data``, else loaded),
     verifier rewards, model.
@@ -172,7 +183,6 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     Checks that TRL renders the first prompt exactly as the task does (the evidence replays and
     ``mrtpo eval`` use the task's rendering), and puts the reward into the progress bar.
     """
-    from datasets import Dataset
     from transformers import set_seed
     from transformers.trainer_callback import ProgressCallback
 
@@ -184,10 +194,6 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     data = data if data is not None else load_task_data(config)
     task, train, evals, examples = data.task, data.train, data.evals, data.examples
     rewards = task_hook(task, "reward_funcs")(examples)  # a task file's: its own functions, called as TRL does
-
-    def rows(exs):
-        return Dataset.from_list(task_hook(task, "trainer_rows")(exs))
-
     model, tokenizer, warm_folder = load_model(config, task)
     peft_config = None
     if run.lora_r > 0:
@@ -201,14 +207,14 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
             task_type="CAUSAL_LM",
         )
     set_seed(args.seed)
-    train_ds = rows(train)
+    train_ds = trainer_dataset(task, train)
     trainer = MRTPOTrainer(
         model=model,
         processing_class=tokenizer,
         reward_funcs=rewards,
         args=args,
         train_dataset=train_ds,
-        eval_dataset=rows(evals) if evals else None,
+        eval_dataset=trainer_dataset(task, evals) if evals else None,
         peft_config=peft_config,
     )
     card_name, adapter_name = base_model_names(run.model, run.task)
@@ -234,4 +240,12 @@ def build_trainer(config: RunConfig, data: TaskData | None = None):
     return trainer
 
 
-__all__ = ["PromptMismatchError", "TaskData", "build_trainer", "format_step", "load_model", "load_task_data"]
+__all__ = [
+    "PromptMismatchError",
+    "TaskData",
+    "build_trainer",
+    "format_step",
+    "load_model",
+    "load_task_data",
+    "trainer_dataset",
+]

@@ -1,8 +1,8 @@
 """The run folder as a transaction: which folder a fresh run may use, which checkpoint a resume may
 continue, and the settings copy each checkpoint carries.
 
-- One process writes into a run folder at a time: the run holds an exclusive lock on its
-  :data:`LOCK_NAME` from before it writes anything until it ends (:func:`lock_run_folder`).
+- One process writes into a run folder at a time: the run holds an exclusive lock on it from before it
+  writes anything until it ends (:mod:`mrtpo.run_lock`, which ``mrtpo report`` and ``mrtpo export`` take too).
 - A folder that holds another run (:data:`RUN_FILES`, ``checkpoint-N/``) is refused to a fresh run;
   ``--overwrite`` removes that run's files, and only those (:func:`clear_run`).
 - A checkpoint is *complete* when the HF Trainer finished writing it: ``trainer_state.json`` is the
@@ -162,50 +162,8 @@ def _marked_files(folder: Path) -> set[str] | None:
 
 
 # --------------------------------------------------------------------------------------------
-# One writer per run folder.
+# The folder's disk.
 # --------------------------------------------------------------------------------------------
-#: The lock file in a run folder: an exclusive ``flock`` held by the run writing there, with its pid.
-LOCK_NAME = ".mrtpo.lock"
-
-
-class RunLock:
-    """An exclusive ``flock`` on a run folder's :data:`LOCK_NAME`, held until :meth:`release` (or the
-    process ends: the kernel drops it then, so a killed run leaves no stale lock). The file holds the
-    holder's pid while held and is emptied on release."""
-
-    def __init__(self, fd: int):
-        self.fd: int | None = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            os.close(self.fd)  # closing the only descriptor drops the flock
-            self.fd = None
-
-
-def lock_run_folder(folder: Path) -> RunLock:
-    """Take ``folder``'s run lock (creating the folder); a :class:`ConfigError` naming the holder's pid
-    when another process holds it. Take it before writing anything into the folder."""
-    import fcntl
-
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ConfigError(f"cannot write to the output folder {folder}: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise ConfigError(
-            f"{folder} is in use by another mrtpo run (pid {holder}): wait for it to end, or give another --output-dir"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return RunLock(fd)
-
-
 def check_writable(folder: Path) -> None:
     """Create ``folder`` if needed and write a few bytes there, so a read-only or full disk is one
     clear error before the model loads rather than a traceback later."""
@@ -418,14 +376,12 @@ def open_run_folder(out: Path, config: RunConfig, checkpoint: Path | None, overw
 
 
 __all__ = [
-    "LOCK_NAME",
     "OUTPUT_MARK",
     "RESUMABLE_CHANGES",
     "RUN_FILES",
     "STAMP_NAME",
     "ConfigStamp",
     "Problem",
-    "RunLock",
     "ScheduleOnResume",
     "check_fresh_folder",
     "check_output_folder",
@@ -437,7 +393,6 @@ __all__ = [
     "config_differences",
     "file_problem",
     "find_checkpoint",
-    "lock_run_folder",
     "mark_output",
     "open_run_folder",
     "run_files",

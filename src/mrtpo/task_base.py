@@ -10,7 +10,7 @@ without knowing the registry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mrtpo.counterfactual import default_render_prompt
@@ -33,8 +33,9 @@ class Task:
     #: Top-level keys of :meth:`evaluate` that ``bench learn`` plots, the first the headline; empty: its default.
     heldout_metrics: tuple[str, ...] = ()
 
-    def load(self, split: str, limit: int | None = None) -> list[Example]:
-        """Examples of ``split`` ("train" or "eval"), in a fixed documented order."""
+    def load(self, split: str, limit: int | None = None) -> Sequence[Example]:
+        """Examples of ``split`` ("train" or "eval"), in a fixed documented order: a list, or a sequence that
+        builds each when read (a task file's, :mod:`mrtpo.tasks.lazy_rows`)."""
         raise NotImplementedError(f"{type(self).__name__}.load")
 
     def verifiers(self) -> list[Verifier]:
@@ -52,9 +53,10 @@ class Task:
         spans_of = self.checked_spans if implements(self, "checked_spans") else None
         return [VerifierReward(v, examples, spans_of) for v in self.verifiers()]
 
-    def trainer_rows(self, examples: list[Example]) -> list[dict[str, Any]]:
+    def trainer_rows(self, examples: Sequence[Example]) -> Any:
         """The trainer's dataset rows for ``examples``: ``prompt`` (messages or text, as TRL takes it), the
-        columns the reward functions read, and ``example_id``. Default: the messages and the id."""
+        columns the reward functions read, and ``example_id``; a list of dicts, or a ``datasets.Dataset`` of
+        them (a task file's). Default: the messages and the id."""
         return [{"prompt": ex.messages, "example_id": ex.id} for ex in examples]
 
     def render_prompt(self, example: Example, tokenizer: Any) -> str:

@@ -66,10 +66,10 @@ from mrtpo.run_folder import (  # noqa: E402
     checkpoint_step,
     config_differences,
     find_checkpoint,
-    lock_run_folder,
     open_run_folder,
     saved_config,
 )
+from mrtpo.run_lock import RunLockError, lock_run_folder  # noqa: E402
 from mrtpo.run_outputs import FINAL_DIR  # noqa: E402
 from mrtpo.task_pin import check_task_pin  # noqa: E402
 
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command. Every check runs before any model loads, and nothing is written into the run
     folder until the settings, the task data and the model have loaded: a command that fails leaves
     an existing run's files as they were. The main process holds the run folder's lock
-    (:func:`~mrtpo.run_folder.lock_run_folder`) from before its checks until the command returns."""
+    (:func:`~mrtpo.run_lock.lock_run_folder`) from before its checks until the command returns."""
     locks: list = []
     try:
         return _main(argv, locks)
@@ -308,7 +308,7 @@ def _main(argv: list[str] | None, locks: list) -> int:
             if checkpoint is None:
                 check_fresh_folder(out, ns.overwrite)
         changed = check_task_pin(out, run.task, ns.allow_task_change) if checkpoint is not None else []
-    except (ConfigError, ModelLoadError, HubError) as exc:
+    except (ConfigError, ModelLoadError, HubError, RunLockError) as exc:
         return _error(exc)
     t0 = time.perf_counter()
     mode = f"LoRA r={run.lora_r}" if run.lora_r else "full fine-tuning"

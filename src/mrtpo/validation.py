@@ -102,28 +102,23 @@ def check_train_dataset(dataset: Any) -> None:
         raise SettingError("train_dataset is empty: give the trainer at least one prompt row")
 
 
-def check_evidence_in_prompts(examples: Iterable[Any], verifiers: Iterable[Any]) -> None:
-    """Each ``in_prompt`` evidence text a verifier gives for an example occurs in that example's prompt
-    (its messages' text), checked before a model loads. The trainer checks, once the tokenizer has
-    loaded, that it occurs exactly once in the rendered prompt."""
-    verifiers = [v for v in verifiers if callable(getattr(v, "evidence", None))]
-    for example in examples:
-        text = "\n".join(str(m.get("content", "")) for m in example.messages if isinstance(m, dict))
-        for verifier in verifiers:
-            found = verifier.evidence(example)
-            if found is not None and found.placement == "in_prompt" and found.text not in text:
-                raise SettingError(
-                    f"in_prompt evidence of reward {verifier.name!r} for example {example.id!r} does "
-                    f"not occur in its prompt: {found.text[:120]!r}; the evidence must be a span of "
-                    "the prompt (or declare it placement='privileged')"
-                )
+def check_evidence_text(reward: str, example_id: str, found: Any, prompt: str) -> None:
+    """``found`` (the :class:`~mrtpo.verifiers.Evidence` a reward gives for an example, or None), when
+    ``in_prompt``, must occur in the example's prompt text (its messages' contents), checked before a model
+    loads. The trainer checks, once the tokenizer has loaded, that it occurs exactly once in the rendered prompt."""
+    if found is not None and found.placement == "in_prompt" and found.text not in prompt:
+        raise SettingError(
+            f"in_prompt evidence of reward {reward!r} for example {example_id!r} does "
+            f"not occur in its prompt: {found.text[:120]!r}; the evidence must be a span of "
+            "the prompt (or declare it placement='privileged')"
+        )
 
 
 __all__ = [
     "AT_LEAST",
     "POSITIVE",
     "SettingError",
-    "check_evidence_in_prompts",
+    "check_evidence_text",
     "check_finite",
     "check_train_dataset",
     "check_trainer_numbers",

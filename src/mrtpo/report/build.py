@@ -83,13 +83,15 @@ def _examples(config: Mapping[str, Any], ids: set[str]) -> dict[str, Any]:
         return {}
     try:
         from mrtpo.tasks import get_task
+        from mrtpo.tasks.lazy_rows import examples_by_id
 
         task = get_task(config["task"], **(config.get("task_args") or {}))
         found = {}
-        for split in ("train", "eval"):
-            for ex in task.load(split, config.get("train_size") if split == "train" else config.get("eval_size") or 0):
-                if ex.id in ids:
-                    found[ex.id] = (ex, task)
+        for split in ("train", "eval"):  # by id: a task file's are looked up in its Arrow ids, not all built
+            by_id = examples_by_id(
+                [task.load(split, config.get("train_size") if split == "train" else config.get("eval_size") or 0)]
+            )
+            found.update({i: (by_id[i], task) for i in ids if i not in found and i in by_id})
             if set(found) >= ids:
                 break
         return found

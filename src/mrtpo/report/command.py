@@ -9,6 +9,10 @@ reads ``config.yaml``, ``metrics.jsonl`` and ``credit_samples.jsonl`` and writes
 ``report.md`` and ``curves.png`` (:func:`mrtpo.report.build.make_report`), held-out (``eval_*``)
 metrics included when the run evaluated. ``--compare`` writes an HTML page and a PNG
 (:func:`mrtpo.report.compare.compare_runs`; ``--output``, default ``compare.html`` / ``compare.png``).
+
+``mrtpo report RUN`` writes into the run, so it takes the run's lock (:mod:`mrtpo.run_lock`) for its writes:
+a run that a training (or an export) holds is refused, naming its pid, with nothing written. ``--compare``
+writes outside the runs and reads them without a lock.
 """
 
 from __future__ import annotations
@@ -110,10 +114,29 @@ def main(argv: list[str] | None = None) -> int:
     if ns.samples is not None and ns.samples < 0:
         print("mrtpo report: error: --samples must be >= 0", file=sys.stderr)
         return 2
+    from mrtpo.run_lock import RunLockError, lock_run_folder
+
+    try:  # the report's files go into the run: not while a training (or an export) uses it
+        lock = lock_run_folder(
+            run,
+            "mrtpo report",
+            advice="wait for it to end (a training writes its own report at its end, unless report: false), "
+            f"then run mrtpo report {run}",
+        )
+    except RunLockError as exc:
+        print(f"mrtpo report: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _write_report(run, ns.samples)
+    finally:
+        lock.release()
+
+
+def _write_report(run: Path, samples: int | None) -> int:
     from mrtpo.report.build import make_report
 
     try:
-        paths = make_report(run, samples=ns.samples if ns.samples is not None else _report_samples(run))
+        paths = make_report(run, samples=samples if samples is not None else _report_samples(run))
     except ValueError as exc:  # a torn or hand-edited metrics line
         print(f"mrtpo report: error: cannot read {run / 'metrics.jsonl'}: {exc}", file=sys.stderr)
         return 2

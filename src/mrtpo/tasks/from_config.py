@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mrtpo.task_base import Task
 from mrtpo.tasks.data_files import DataFileError, check_data_file
+from mrtpo.tasks.lazy_rows import LazyExamples, as_messages, check_evidence, prompt_is_chat
 from mrtpo.tasks.reward_refs import TaskFileError, close_match_hint, load_reward, reward_list
 from mrtpo.verifiers import Evidence, Example
 
@@ -160,6 +162,18 @@ def load_splits(spec: TaskSpec) -> dict[str, Any]:
             bars.enable_progress_bars()
 
 
+def _quietly(load: Any, *args: Any, **kwargs: Any) -> Any:
+    """``load(*args, **kwargs)`` with ``datasets``' log below errors (a file it rejects is explained after)."""
+    from datasets.utils import logging as ds_logging
+
+    level = ds_logging.get_verbosity()
+    ds_logging.set_verbosity(ds_logging.CRITICAL)
+    try:
+        return load(*args, **kwargs)
+    finally:
+        ds_logging.set_verbosity(level)
+
+
 def _load_splits(spec: TaskSpec) -> dict[str, Any]:
     import datasets
 
@@ -172,14 +186,15 @@ def _load_splits(spec: TaskSpec) -> dict[str, Any]:
         builders = {_BUILDERS[Path(f).suffix.lower()] for fs in files.values() for f in fs}
         if len(builders) > 1:
             raise TaskFileError(f"dataset files mix formats ({', '.join(sorted(builders))}); use one format")
-        try:  # a file datasets would reject: one line naming the file and the line (mrtpo.tasks.data_files)
-            for f in {f for fs in files.values() for f in fs}:
-                check_data_file(Path(f))
-            return dict(datasets.load_dataset(builders.pop(), data_files=files))
-        except DataFileError as exc:
-            raise TaskFileError(str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 -- what the check cannot foresee (a corrupt parquet file, ...)
-            cause = exc.__cause__ or exc
+        try:
+            return dict(_quietly(datasets.load_dataset, builders.pop(), data_files=files))
+        except Exception as exc:  # noqa: BLE001 -- one line naming the file and the line (mrtpo.tasks.data_files)
+            try:  # read line by line only now: a large file that loads is not read twice
+                for f in sorted({f for fs in files.values() for f in fs}):
+                    check_data_file(Path(f))
+            except DataFileError as named:
+                raise TaskFileError(str(named)) from None
+            cause = exc.__cause__ or exc  # what the check cannot foresee (a corrupt parquet file, ...)
             raise TaskFileError(
                 f"datasets could not read the dataset files {', '.join(sorted(builders or files))}: "
                 f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}"
@@ -259,15 +274,6 @@ def score(
     return list(values)
 
 
-def as_messages(value: Any, where: str) -> list[dict[str, Any]]:
-    """A prompt cell as chat messages: text is one user turn; a list of {role, content} passes as is."""
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
-        return [dict(m) for m in value]
-    raise TaskFileError(f"{where}: the prompt must be text or a list of {{role, content}} messages, got {value!r:.80}")
-
-
 class ConfigTask(Task):
     """A :class:`~mrtpo.tasks.Task` over a :class:`TaskSpec`'s dataset and reward functions.
 
@@ -291,7 +297,7 @@ class ConfigTask(Task):
         self._examples = self._build()
         self._verifiers = [FunctionVerifier(fn, spec.prompt, n) for (_, fn, _), n in zip(self.rewards, names)]
 
-    def _build(self) -> dict[str, list[Example]]:
+    def _build(self) -> dict[str, LazyExamples]:
         spec = self.spec
         splits = load_splits(spec)
         for wanted in filter(None, (spec.train_split, spec.eval_split)):
@@ -314,23 +320,21 @@ class ConfigTask(Task):
                     f"its columns: {', '.join(columns)}"
                 )
         self._check_calls(columns)
-        train = self._examples_of(splits[spec.train_split], spec.train_split)
-        kinds = {isinstance(ex.gold[spec.prompt], str) for ex in train}
-        if len(kinds) > 1:
-            raise TaskFileError(
-                f"column {spec.prompt!r} mixes text prompts and chat messages; TRL needs one format "
-                "per dataset (messages for a chat model, text for raw continuation)"
-            )
-        self.chat = kinds == {False}
+        train = splits[spec.train_split]
+        self.chat = prompt_is_chat(train, spec.prompt, spec.train_split)  # every row's prompt, from its Arrow type
+
+        def lazy(split: str, rows: Any) -> LazyExamples:
+            return LazyExamples(splits[split], split, rows, spec.prompt, spec.id_column)
+
         if spec.eval_split is not None:
-            return {"train": train, "eval": self._examples_of(splits[spec.eval_split], spec.eval_split)}
-        order = list(range(len(train)))
-        random.Random(spec.split_seed).shuffle(order)
-        held = set(order[: round(len(train) * spec.eval_fraction)])
-        return {
-            "train": [ex for i, ex in enumerate(train) if i not in held],
-            "eval": [ex for i, ex in enumerate(train) if i in held],
-        }
+            evals = splits[spec.eval_split]
+            prompt_is_chat(evals, spec.prompt, spec.eval_split)  # its rows checked; the format is the train split's
+            return {
+                "train": lazy(spec.train_split, range(len(train))),
+                "eval": lazy(spec.eval_split, range(len(evals))),
+            }
+        kept, held = held_out(len(train), spec.eval_fraction, spec.split_seed)
+        return {"train": lazy(spec.train_split, kept), "eval": lazy(spec.train_split, held)}
 
     def _check_calls(self, columns: list[str]) -> None:
         """The trainer's dataset (the prompt column as ``prompt``, plus ``example_id``) must not clash with
@@ -357,19 +361,23 @@ class ConfigTask(Task):
             if problem is not None:
                 raise TaskFileError(f"{problem} (reward {ref!r} of {spec.dataset!r})")
 
-    def _examples_of(self, rows: Any, split: str) -> list[Example]:
-        out = []
-        for i, row in enumerate(rows.to_list() if hasattr(rows, "to_list") else rows):  # one arrow pass, not per row
-            ex_id = str(row[self.spec.id_column]) if self.spec.id_column else f"{split}-{i}"
-            messages = as_messages(row[self.spec.prompt], f"row {i} of split {split!r}")
-            out.append(Example(id=ex_id, split=split, messages=messages, gold=dict(row), meta={"row": i}))
-        return out
-
-    def load(self, split: str, limit: int | None = None) -> list[Example]:
+    def load(self, split: str, limit: int | None = None) -> Sequence[Example]:
+        """The split's examples, each built when read (:class:`~mrtpo.tasks.lazy_rows.LazyExamples`)."""
         if split not in self.splits:
             raise ValueError(f"unknown split {split!r}; this task's splits are train and eval")
         examples = self._examples[split]
         return examples if limit is None else examples[:limit]
+
+    def check_evidence(self, parts: list[Sequence[Example]]) -> None:
+        """Each ``in_prompt`` evidence text a reward declares for an example of ``parts`` (this task's
+        :meth:`load` results) occurs in its prompt, read from the columns before a model loads
+        (:func:`~mrtpo.tasks.lazy_rows.check_evidence`)."""
+        from mrtpo.rewards import EVIDENCE_ATTR
+
+        declared = [(v.name, v.fn) for v in self._verifiers if getattr(v.fn, EVIDENCE_ATTR, None) is not None]
+        for part in parts:
+            if declared and isinstance(part, LazyExamples):
+                check_evidence(part, declared)
 
     def verifiers(self) -> list[FunctionVerifier]:
         return list(self._verifiers)
@@ -378,9 +386,12 @@ class ConfigTask(Task):
         """The reward functions themselves, for the trainer (TRL calls them; their ``@evidence`` reads the rows)."""
         return [fn for _, fn, _ in self.rewards]
 
-    def trainer_rows(self, examples: list[Example]) -> list[dict[str, Any]]:
+    def trainer_rows(self, examples: Sequence[Example]) -> Any:
         """The trainer's dataset rows: each example's columns, the prompt column as ``prompt`` (as given:
-        text or messages), and ``example_id``."""
+        text or messages), and ``example_id``; for this task's own (lazy) examples, a ``datasets.Dataset``
+        over the same Arrow table (:meth:`~mrtpo.tasks.lazy_rows.LazyExamples.trainer_dataset`)."""
+        if isinstance(examples, LazyExamples):
+            return examples.trainer_dataset()
         rows = []
         for ex in examples:
             row = {k: v for k, v in ex.gold.items() if k != self.spec.prompt}
@@ -419,6 +430,22 @@ def _finite(value: Any) -> float:
     return 0.0 if value is None or value != value else float(value)
 
 
+def held_out(rows: int, fraction: float, seed: int) -> tuple[Any, Any]:
+    """``(kept, held)`` row numbers (ascending) of an ``eval_fraction`` split: the first ``round(rows *
+    fraction)`` of a ``random.Random(seed)`` shuffle of the rows are held out (the one pass over every row
+    in Python: its row numbers, not its rows)."""
+    import numpy as np
+
+    count = round(rows * fraction)
+    if not count:
+        return range(rows), range(0)
+    order = list(range(rows))
+    random.Random(seed).shuffle(order)
+    held = np.zeros(rows, dtype=bool)
+    held[order[:count]] = True
+    return np.flatnonzero(~held), np.flatnonzero(held)
+
+
 def task_name(path: str | Path, spec: TaskSpec) -> str:
     """The task's short name: its ``name`` key, else the folder its YAML file is in."""
     return spec.name or Path(path).resolve().parent.name or "task"
@@ -436,6 +463,7 @@ __all__ = [
     "TaskFileError",
     "TaskSpec",
     "as_messages",
+    "held_out",
     "load_reward",
     "load_splits",
     "load_task_file",
