@@ -206,12 +206,14 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6), gridspec_kw={"width_ratios": [3, 2]})
-    markers = dict(zip(dict.fromkeys(c["family"] for c in result["cells"]), "osD^vP*"))
+    families = list(dict.fromkeys(c["family"] for c in result["cells"]))
+    style = {f: (m, plt.cm.tab10(i)) for i, (f, m) in enumerate(zip(families, "osD^vP*"))}
     for c in result["cells"]:
-        left.scatter(c["g_eff"], c["reward"], marker=markers[c["family"]], s=46, label=c["family"])
+        marker, color = style[c["family"]]
+        left.scatter(c["g_eff"], c["reward"], marker=marker, color=color, s=46, label=c["family"])
         left.annotate(c["method"], (c["g_eff"], c["reward"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
         if "speedup" in c:
-            right.scatter(c["g_eff"], c["speedup"], marker=markers[c["family"]], s=46, color="tab:gray")
+            right.scatter(c["g_eff"], c["speedup"], marker=marker, color=color, s=46)
             right.annotate(
                 c["method"], (c["g_eff"], c["speedup"]), fontsize=8, xytext=(4, 3), textcoords="offset points"
             )
