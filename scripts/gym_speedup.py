@@ -6,10 +6,14 @@ reaches it, over a full window (:func:`steps_to`); the speed-up is GDPO's steps 
 method's (> 1: fewer steps). A run that never reaches the target counts at ``max_steps + 1`` (its
 speed-up is then an upper bound). The same in training seconds (the runs' own ``step_time``). The
 log speed-ups get the two-level interval of ``bench learn`` (Student-t over policy means and the
-two-stage bootstrap), reported back as geometric means; per reward, the final-reward difference
-against GDPO with the same interval.
+two-stage bootstrap), reported back as geometric means; the final total reward and each reward's
+final value, as differences against GDPO with the same interval.
+
+The folder is a ``bench learn`` folder (run folders with ``finished.json``) or a folder of per-run
+digests (``<method>-policy<p>-seed<s>.json``, written by ``scripts/gym_digest.py``).
 
     .venv/bin/python scripts/gym_speedup.py runs/gym-long [--reference gdpo] [--json out.json]
+    .venv/bin/python scripts/gym_speedup.py docs/results/gym-long-runs
 """
 
 from __future__ import annotations
@@ -30,15 +34,26 @@ def _series(records: list[dict], key: str) -> list[float]:
     return [r[key] for r in records if key in r and "step" in r and "train_runtime" not in r]
 
 
+def digest_records(digest: dict) -> list[dict]:
+    """A digest's per-step columns (``scripts/gym_digest.py``) as metrics records, one per step."""
+    columns = digest["per_step"]
+    return [{key: values[i] for key, values in columns.items()} for i in range(len(columns["step"]))]
+
+
 def runs(folder: Path) -> dict[tuple[str, int, int], list[dict]]:
-    """``{(method, policy, seed): metrics records}`` of the finished runs (``<method>-policy<p>-seed<s>``)."""
+    """``{(method, policy, seed): metrics records}`` of the finished runs (``<method>-policy<p>-seed<s>``),
+    from run folders or from digests."""
     out = {}
     for run in sorted(folder.iterdir()):
-        if not (run / "finished.json").exists():
+        if run.is_dir() and (run / "finished.json").exists():
+            name, records = run.name, _records(run / "metrics.jsonl")
+        elif run.is_file() and run.suffix == ".json" and "-policy" in run.stem:
+            name, records = run.stem, digest_records(json.loads(run.read_text()))
+        else:
             continue
-        method, rest = run.name.rsplit("-policy", 1)
+        method, rest = name.rsplit("-policy", 1)
         policy, seed = rest.split("-seed")
-        out[(method, int(policy), int(seed))] = _records(run / "metrics.jsonl")
+        out[(method, int(policy), int(seed))] = records
     return out
 
 
@@ -66,6 +81,7 @@ def speedups(folder: Path, reference: str, tail: int, window: int) -> dict:
     for method in methods:
         steps: dict[int, list[float]] = {}
         secs: dict[int, list[float]] = {}
+        final: dict[int, list[float]] = {}
         per_reward: dict[str, dict[int, list[float]]] = {}
         rows = []
         for (m, policy, seed), records in sorted(found.items()):
@@ -74,6 +90,7 @@ def speedups(folder: Path, reference: str, tail: int, window: int) -> dict:
                 continue
             target = tail_mean(_series(ref, "reward"), tail)
             max_steps = len(_series(records, "reward"))
+            final.setdefault(policy, []).append(tail_mean(_series(records, "reward"), tail) - target)
             mine, theirs = steps_to(records, target, window), steps_to(ref, target, window)
             theirs = theirs or max_steps
             ratio = theirs / (mine or max_steps + 1)
@@ -101,6 +118,7 @@ def speedups(folder: Path, reference: str, tail: int, window: int) -> dict:
             "pairs": rows,
             "steps": _geometric(two_level_interval(steps)),
             "seconds": _geometric(two_level_interval(secs)) if secs else None,
+            "reward": two_level_interval(final),
             "per_reward": {k: two_level_interval(v) for k, v in sorted(per_reward.items())},
         }
     return result
