@@ -322,8 +322,9 @@ def test_concurrent_executions_are_independent(world: Path) -> None:
 
     queries = [f"SELECT count(*) FROM city WHERE ID <= {n}" for n in range(1, 41)]
     queries.append(SLOW_QUERIES[2])  # one timeout in the middle must not disturb the others
+    limits = SandboxLimits(timeout_s=4 * DEADLINE)  # room for a fast query on 2 loaded cores; the slow one never ends
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda q: execute(world, q, LIMITS), queries))
+        results = list(pool.map(lambda q: execute(world, q, limits), queries))
     assert [r.rows for r in results[:-1]] == [((n,),) for n in range(1, 41)]
     assert results[-1].error.kind is ErrorKind.TIMEOUT
 
