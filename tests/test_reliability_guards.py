@@ -874,3 +874,54 @@ def test_evidence_text_missing_from_its_prompt_is_one_line_before_any_model_load
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "in_prompt evidence of reward 'r' for example 'train-1' does not occur in its prompt: 'hello'" in err
+
+
+def test_the_python_api_holds_the_run_lock_while_it_trains(tmp_path):
+    """MRTPOTrainer.train takes output_dir's lock: refused (with the holder's pid) while another process
+    holds the folder, held while it trains, released after; re-entrant under mrtpo train's own lock."""
+    from transformers import TrainerCallback
+
+    from mrtpo.run_lock import RunLockError, lock_run_folder
+    from tests.test_trainer import has_letter_e, make_trainer
+
+    seen = []
+
+    class Probe(TrainerCallback):
+        def on_step_end(self, *args, **kwargs):
+            seen.append(_holder(tmp_path))
+
+    def trainer():
+        made = make_trainer(tmp_path, [has_letter_e], max_steps=1)
+        made.add_callback(Probe())
+        return made
+
+    refused = trainer()
+    with held_by(tmp_path) as other, pytest.raises(RunLockError, match=rf"in use by mrtpo train \(pid {other.pid}\)"):
+        refused.train()
+    assert refused.state.global_step == 0 and seen == []  # refused before a step
+    trainer().train()  # alone: holds the lock while it trains, then releases it
+    assert seen == ["held"] and _holder(tmp_path) == "free"
+    outer = lock_run_folder(tmp_path)  # as mrtpo train holds it around build_trainer and train
+    try:
+        trainer().train()  # re-entrant: the process's own lock does not refuse it
+        assert seen == ["held", "held"] and _holder(tmp_path) == "held"  # its release left the outer lock
+    finally:
+        outer.release()
+    assert _holder(tmp_path) == "free"
+
+
+def _holder(folder: Path) -> str:
+    """ "held" when another process cannot take ``folder``'s lock now, else "free"."""
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from mrtpo.run_lock import lock_run_folder; "
+            "lock_run_folder(Path(sys.argv[1]), 'probe').release()",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": "src"},
+    )
+    return "free" if probe.returncode == 0 else "held"

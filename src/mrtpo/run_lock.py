@@ -9,6 +9,10 @@ default ``RUN/export``). So a running training refuses a report and an export, e
 training, and several exports written elsewhere read one finished run at once. The one refused gets a
 :class:`RunLockError` naming the holder's command and pid and what to do; nothing waits.
 
+``MRTPOTrainer.train`` (rank 0) takes it too, so a script on the Python API is one writer like ``mrtpo
+train``; within one process the lock is re-entrant (``mrtpo train`` already holds it when it calls
+``train``): a second take of a folder this process holds gets a handle whose release does nothing.
+
 The kernel drops the lock when its process ends, so a killed command leaves no stale lock. The file lists
 its holders, one ``pid command`` line each, and is emptied by the last to release it (a reader that ends
 while another reads leaves its line, shown only while its pid is alive).
@@ -22,6 +26,9 @@ from pathlib import Path
 #: The lock file in a run folder.
 LOCK_NAME = ".mrtpo.lock"
 
+#: The run folders this process holds (resolved path -> its lock), so a second take is re-entrant.
+_HELD: dict[Path, RunLock] = {}
+
 
 class RunLockError(ValueError):
     """A run folder's lock is held by another command (named, with its pid), or the folder cannot be written."""
@@ -30,14 +37,15 @@ class RunLockError(ValueError):
 class RunLock:
     """A held lock on a run folder's :data:`LOCK_NAME`, until :meth:`release` (or the process ends)."""
 
-    def __init__(self, fd: int | None, shared: bool = False):
-        self.fd, self.shared = fd, shared
+    def __init__(self, fd: int | None, shared: bool = False, folder: Path | None = None):
+        self.fd, self.shared, self.folder = fd, shared, folder
 
     def release(self) -> None:
         """Empty the holders' list (a reader: only when it is the last one) and drop the lock."""
         import fcntl
 
         if self.fd is not None:
+            _HELD.pop(self.folder, None)
             try:
                 if self.shared:  # the last reader when nobody else holds it
                     fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -62,6 +70,9 @@ def lock_run_folder(
     import fcntl
 
     folder = Path(folder)
+    held = _HELD.get(folder.resolve())
+    if held is not None and (shared or not held.shared):  # this process holds it already, in a mode that covers
+        return RunLock(None, shared)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
@@ -81,7 +92,8 @@ def lock_run_folder(
     else:
         os.ftruncate(fd, 0)
         os.pwrite(fd, line, 0)
-    return RunLock(fd, shared)
+    lock = _HELD[folder.resolve()] = RunLock(fd, shared, folder.resolve())
+    return lock
 
 
 def _holders(text: str) -> str:

@@ -59,6 +59,7 @@ from mrtpo.replay_plan import (
 )
 from mrtpo.reward_calls import check_reward_calls
 from mrtpo.rewards import VerifierReward, checked_reward_funcs, declares_evidence
+from mrtpo.run_lock import lock_run_folder
 from mrtpo.shared_prompt import can_share_prompts, shared_prefill, shared_prompt_logps
 from mrtpo.trainer.card import ModelCardMixin
 from mrtpo.trainer.config import (
@@ -204,6 +205,18 @@ class MRTPOTrainer(ModelCardMixin, ReplayStepMixin, CreditLogMixin, GRPOTrainer)
         self._timing["scoring"] += time.perf_counter() - start
         self._last_rewards = rewards.detach().float().cpu()
         return rewards
+
+    def train(self, *args: Any, **kwargs: Any):
+        """TRL's ``train``, holding ``output_dir``'s run lock on the main process (:mod:`mrtpo.run_lock`):
+        a second writer of the folder, from the Python API or ``mrtpo train``, is refused with its pid."""
+        lock = (
+            lock_run_folder(Path(self.args.output_dir), "MRTPOTrainer.train") if self.is_world_process_zero() else None
+        )
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if lock is not None:
+                lock.release()
 
     def training_step(self, model, inputs, num_items_in_batch):
         before = dict(self._timing)
