@@ -235,7 +235,9 @@ class _DecodeStep:
       ``rotate_half`` is part of the product) are one matrix; the attention scale ``1/√D`` is folded
       into the query rows;
     - attention is ``scaled_dot_product_attention`` over the buffers up to the current column (grouped
-      query heads read their key/value head in place);
+      query heads read their key/value head in place), in float32 whatever the weights' dtype: the key
+      and value buffers are float32 (CPU kernels of bfloat16 attention for one query are 4–9× slower
+      than float32's without AMX, docs/results/2026-12-07-generation-speed-epyc.md);
     - the output and down projections add into the residual stream (``addmm``).
     """
 
@@ -275,9 +277,9 @@ class _DecodeStep:
                 )
             head, self.eps_final = base[1], base[2]
             self.head = head.with_low_rank(*_low_rank([inner.lm_head], body.norm.weight))
-        shape = (rows, self.kv_heads, columns, d)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in body.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in body.layers]
+        shape = (rows, self.kv_heads, columns, d)  # float32: see the class doc
+        self.keys = [torch.zeros(shape, device=device) for _ in body.layers]
+        self.values = [torch.zeros(shape, device=device) for _ in body.layers]
         rotary = body.rotary_emb
         positions = torch.arange(columns, device=device, dtype=torch.float32)
         freqs = positions[:, None] * rotary.inv_freq.to(device=device, dtype=torch.float32)[None, :]
@@ -351,8 +353,8 @@ class _DecodeStep:
 
     def __call__(self, tokens: Tensor, positions: Tensor, column: int, bias: Tensor) -> Tensor:
         """Float32 logits ``(B, V)`` of the next token after ``tokens`` ``(B,)`` at ``positions``
-        ``(B,)``, written to buffer column ``column``; ``bias`` ``(B, 1, 1, columns)`` in the buffers'
-        dtype is 0 where a key is attended and −inf at padding."""
+        ``(B,)``, written to buffer column ``column``; ``bias`` ``(B, 1, 1, columns)`` float32 is 0 where a
+        key is attended and −inf at padding."""
         b, qk, d = tokens.shape[0], self.q_width + self.k_width, self.head_dim
         h = self.embed[tokens]  # (B, H)
         cos, sin = self.cos[positions], self.sin[positions]  # (B, (H + KVH)·D)
@@ -361,7 +363,7 @@ class _DecodeStep:
         for i, (eps_in, w_in, wo, eps_post, w_gate_up, wd) in enumerate(self.layers):
             projected = w_in(_rms_scaled(h, eps_in))  # (B, QK + V + QK)
             rotated = torch.addcmul(projected[:, :qk] * cos, projected[:, qk + self.k_width :], sin)
-            q = rotated[:, : self.q_width].view(b, self.heads, 1, d)
+            q = rotated[:, : self.q_width].float().view(b, self.heads, 1, d)
             self.keys[i][:, :, column] = rotated[:, self.q_width :].view(b, self.kv_heads, d)
             self.values[i][:, :, column] = projected[:, qk : qk + self.k_width].view(b, self.kv_heads, d)
             attended = F.scaled_dot_product_attention(
@@ -372,7 +374,7 @@ class _DecodeStep:
                 scale=1.0,
                 enable_gqa=self.groups > 1,
             )
-            h = wo(attended.reshape(b, -1), add_to=h)  # (B, H, 1, D) -> (B, H·D)
+            h = wo(attended.reshape(b, -1).to(h.dtype), add_to=h)  # (B, H, 1, D) -> (B, H·D)
             gate, up = w_gate_up(_rms_scaled(h, eps_post)).chunk(2, dim=-1)
             h = wd(F.silu(gate) * up, add_to=h)
         return self.head(_rms_scaled(h, self.eps_final)).float()
@@ -420,7 +422,7 @@ def sample(
     logits = out.logits[:, -1].float().index_select(0, inverse)  # (B, V)
     step.load_prompt_cache(returned_cache(out), inverse, width)
     del out
-    bias = torch.zeros(rows, 1, 1, width + steps, device=input_ids.device, dtype=step.values[0].dtype)
+    bias = torch.zeros(rows, 1, 1, width + steps, device=input_ids.device)
     bias[:, 0, 0, :width] = torch.where(mask, 0.0, float("-inf"))
     position = mask.long().sum(-1)  # the first new token's position: the prompt's real length
     unfinished = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
