@@ -234,10 +234,12 @@ class _DecodeStep:
     - the query, key and value projections and their rotated copies (``R W``, so rotary's
       ``rotate_half`` is part of the product) are one matrix; the attention scale ``1/√D`` is folded
       into the query rows;
-    - attention is ``scaled_dot_product_attention`` over the buffers up to the current column (grouped
-      query heads read their key/value head in place), in float32 whatever the weights' dtype: the key
-      and value buffers are float32 (CPU kernels of bfloat16 attention for one query are 4–9× slower
-      than float32's without AMX, docs/results/2026-12-07-generation-speed-epyc.md);
+    - attention is two batched products over the buffers up to the current column, the query heads
+      grouped by the key/value head they read, the keys kept transposed ``(B, KVH, D, columns)``; the
+      scores and their softmax in float32 (masked by a float32 bias), the products in the weights'
+      dtype, as the model's eager attention does. On a CPU without AMX ``scaled_dot_product_attention``
+      on one bfloat16 query is 4–9× slower, and float32 buffers double the bytes read
+      (docs/results/2026-12-07-generation-speed-epyc.md);
     - the output and down projections add into the residual stream (``addmm``).
     """
 
@@ -277,9 +279,8 @@ class _DecodeStep:
                 )
             head, self.eps_final = base[1], base[2]
             self.head = head.with_low_rank(*_low_rank([inner.lm_head], body.norm.weight))
-        shape = (rows, self.kv_heads, columns, d)  # float32: see the class doc
-        self.keys = [torch.zeros(shape, device=device) for _ in body.layers]
-        self.values = [torch.zeros(shape, device=device) for _ in body.layers]
+        self.keys = [torch.zeros(rows, self.kv_heads, d, columns, dtype=dtype, device=device) for _ in body.layers]
+        self.values = [torch.zeros(rows, self.kv_heads, columns, d, dtype=dtype, device=device) for _ in body.layers]
         rotary = body.rotary_emb
         positions = torch.arange(columns, device=device, dtype=torch.float32)
         freqs = positions[:, None] * rotary.inv_freq.to(device=device, dtype=torch.float32)[None, :]
@@ -343,7 +344,7 @@ class _DecodeStep:
         """Copy a prefill's per-layer keys/values ``(U, KVH, width, D)`` into the buffers' first
         ``width`` columns, row ``b`` from distinct row ``inverse[b]``."""
         for i, layer in enumerate(cache.layers):
-            self.keys[i][:, :, :width] = layer.keys.index_select(0, inverse)
+            self.keys[i][..., :width] = layer.keys.index_select(0, inverse).transpose(-1, -2)
             self.values[i][:, :, :width] = layer.values.index_select(0, inverse)
 
     def keep_rows(self, keep: Tensor) -> None:
@@ -363,18 +364,13 @@ class _DecodeStep:
         for i, (eps_in, w_in, wo, eps_post, w_gate_up, wd) in enumerate(self.layers):
             projected = w_in(_rms_scaled(h, eps_in))  # (B, QK + V + QK)
             rotated = torch.addcmul(projected[:, :qk] * cos, projected[:, qk + self.k_width :], sin)
-            q = rotated[:, : self.q_width].float().view(b, self.heads, 1, d)
-            self.keys[i][:, :, column] = rotated[:, self.q_width :].view(b, self.kv_heads, d)
+            q = rotated[:, : self.q_width].view(b, self.kv_heads, self.groups, d)  # heads by their KV head
+            self.keys[i][..., column] = rotated[:, self.q_width :].view(b, self.kv_heads, d)
             self.values[i][:, :, column] = projected[:, qk : qk + self.k_width].view(b, self.kv_heads, d)
-            attended = F.scaled_dot_product_attention(
-                q,
-                self.keys[i][:, :, :span],
-                self.values[i][:, :, :span],
-                attn_mask=mask,
-                scale=1.0,
-                enable_gqa=self.groups > 1,
-            )
-            h = wo(attended.reshape(b, -1).to(h.dtype), add_to=h)  # (B, H, 1, D) -> (B, H·D)
+            scores = torch.matmul(q, self.keys[i][..., :span]) + mask  # (B, KVH, G, span), float32
+            weights = torch.softmax(scores, dim=-1).to(h.dtype)
+            attended = torch.matmul(weights, self.values[i][:, :, :span])  # (B, KVH, G, D)
+            h = wo(attended.reshape(b, -1), add_to=h)
             gate, up = w_gate_up(_rms_scaled(h, eps_post)).chunk(2, dim=-1)
             h = wd(F.silu(gate) * up, add_to=h)
         return self.head(_rms_scaled(h, self.eps_final)).float()
