@@ -135,14 +135,14 @@ def _rms_scaled(x: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
 
-def rotate_half_matrix(head_dim: int, heads: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``(heads·D, heads·D)`` matrix ``R`` with ``x @ R.T`` = rotary's ``rotate_half`` on each head of
-    ``x`` ``(…, heads·D)``: ``[x1, x2] -> [−x2, x1]``."""
+def rotate_half_permutation(head_dim: int, heads: int) -> tuple[Tensor, Tensor]:
+    """``(index, sign)``, both ``(heads·D,)``, with ``x[..., index] * sign`` = rotary's ``rotate_half``
+    on each head of ``x`` ``(…, heads·D)``: ``[x1, x2] -> [−x2, x1]``."""
     half = head_dim // 2
-    block = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
-    block[torch.arange(half), torch.arange(half) + half] = -1.0
-    block[torch.arange(half) + half, torch.arange(half)] = 1.0
-    return torch.block_diag(*[block] * heads)
+    within = torch.cat([torch.arange(half) + half, torch.arange(half)])
+    index = (torch.arange(heads)[:, None] * head_dim + within).reshape(-1)
+    sign = torch.cat([-torch.ones(half), torch.ones(half)]).repeat(heads)
+    return index, sign
 
 
 class _Product:
@@ -180,11 +180,10 @@ class _Product:
         return y
 
 
-def _fold_in(q: Tensor, k: Tensor, v: Tensor, rotate: Tensor, scale: float) -> Tensor:
-    """Rows of the fused input projection ``[s·q; k; v; R(s·q; k)]`` from the query, key and value
-    rows (weights ``(out, in)`` or LoRA ``B`` factors ``(out, r)``)."""
-    qk = torch.cat([q * scale, k])
-    return torch.cat([qk, v, rotate.to(qk.dtype) @ qk])
+def _fold_in(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Rows of the fused input projection ``[s·q; k; v]`` from the query, key and value rows (weights
+    ``(out, in)`` or LoRA ``B`` factors ``(out, r)``)."""
+    return torch.cat([q * scale, k, v])
 
 
 def _low_rank(modules: list[torch.nn.Module], norm: Tensor | None, fuse: Any = None):
@@ -231,9 +230,9 @@ class _DecodeStep:
     ops, plus a low-rank product per projection group for LoRA adapters:
 
     - each RMSNorm's weight is folded into the projection after it (``W · diag(w)``, also into ``A``);
-    - the query, key and value projections and their rotated copies (``R W``, so rotary's
-      ``rotate_half`` is part of the product) are one matrix; the attention scale ``1/√D`` is folded
-      into the query rows;
+    - the query, key and value projections are one matrix, the attention scale ``1/√D`` folded into
+      the query rows; rotary's ``rotate_half`` is a fixed permutation of the query and key columns,
+      its signs folded into the sine table;
     - attention is two batched products over the buffers up to the current column, the query heads
       grouped by the key/value head they read, the keys kept transposed ``(B, KVH, D, columns)``; the
       scores and their softmax in float32 (masked by a float32 bias), the products in the weights'
@@ -252,14 +251,13 @@ class _DecodeStep:
         self.heads = config.num_attention_heads
         self.groups = self.heads // self.kv_heads
         self.q_width, self.k_width = config.num_attention_heads * d, self.kv_heads * d
-        rotate = rotate_half_matrix(d, config.num_attention_heads + self.kv_heads, torch.float32, device)
         self.layers = []
         with torch.no_grad():
-            base = self._folded_base(inner, rotate, float(first.scaling), dtype, device)
+            base = self._folded_base(inner, float(first.scaling), dtype, device)
             q_rows, qk_rows = self.q_width, self.q_width + self.k_width
 
             def fuse_in(m: Tensor) -> Tensor:  # stacked [q; k; v] rows -> the fused input projection's rows
-                return _fold_in(m[:q_rows], m[q_rows:qk_rows], m[qk_rows:], rotate.to(m.dtype), float(first.scaling))
+                return _fold_in(m[:q_rows], m[q_rows:qk_rows], m[qk_rows:], float(first.scaling))
 
             for layer, (eps_in, w_in, wo, eps_post, w_gate_up, wd) in zip(body.layers, base[0]):
                 attn, mlp = layer.self_attn, layer.mlp
@@ -286,11 +284,13 @@ class _DecodeStep:
         freqs = positions[:, None] * rotary.inv_freq.to(device=device, dtype=torch.float32)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         heads = config.num_attention_heads + self.kv_heads  # one (cos, sin) row covers queries and keys
-        self.cos = (emb.cos() * rotary.attention_scaling).to(dtype).repeat(1, heads)  # (columns, (H + KVH)·D)
-        self.sin = (emb.sin() * rotary.attention_scaling).to(dtype).repeat(1, heads)
+        index, sign = rotate_half_permutation(d, heads)
+        self.rotate_index = index.to(device)
+        self.cos = (emb.cos() * rotary.attention_scaling).repeat(1, heads).to(dtype)  # (columns, (H + KVH)·D)
+        self.sin = (emb.sin() * rotary.attention_scaling).repeat(1, heads).mul(sign.to(device)).to(dtype)
 
     @staticmethod
-    def _folded_base(inner: Any, rotate: Tensor, scale: float, dtype: torch.dtype, device: torch.device):
+    def _folded_base(inner: Any, scale: float, dtype: torch.dtype, device: torch.device):
         """Per layer ``(eps_in, fused input projection, output projection, eps_post, fused gate/up,
         down)`` as :class:`_Product` over the base weights (no adapters), the head and the final
         norm's eps; folded in float32, then cast once to ``dtype``. Kept per model while the base
@@ -310,10 +310,8 @@ class _DecodeStep:
             def bias_of(b, w):
                 return b.float() if b is not None else torch.zeros(w.shape[0], device=device)
 
-            w_in = _fold_in(wq.float(), wk.float(), wv.float(), rotate, scale) * norm_in
-            b_in = _fold_in(
-                bias_of(bq, wq)[:, None], bias_of(bk, wk)[:, None], bias_of(bv, wv)[:, None], rotate, scale
-            )[:, 0]
+            w_in = _fold_in(wq.float(), wk.float(), wv.float(), scale) * norm_in
+            b_in = _fold_in(bias_of(bq, wq), bias_of(bk, wk), bias_of(bv, wv), scale)
             wo, bo, _ = linear_parts(attn.o_proj)
             norm_post, eps_post = _norm_weight(layer.post_attention_layernorm)
             (wg, bg, _), (wu, bu, _), (wd, bd, _) = (
@@ -362,8 +360,9 @@ class _DecodeStep:
         span = column + 1
         mask = bias[..., :span]
         for i, (eps_in, w_in, wo, eps_post, w_gate_up, wd) in enumerate(self.layers):
-            projected = w_in(_rms_scaled(h, eps_in))  # (B, QK + V + QK)
-            rotated = torch.addcmul(projected[:, :qk] * cos, projected[:, qk + self.k_width :], sin)
+            projected = w_in(_rms_scaled(h, eps_in))  # (B, QK + V)
+            unrotated = projected[:, :qk]
+            rotated = torch.addcmul(unrotated * cos, unrotated.index_select(1, self.rotate_index), sin)
             q = rotated[:, : self.q_width].view(b, self.kv_heads, self.groups, d)  # heads by their KV head
             self.keys[i][..., column] = rotated[:, self.q_width :].view(b, self.kv_heads, d)
             self.values[i][:, :, column] = projected[:, qk : qk + self.k_width].view(b, self.kv_heads, d)
@@ -490,6 +489,6 @@ __all__ = [
     "fast_sampling",
     "fast_sampling_supported",
     "linear_parts",
-    "rotate_half_matrix",
+    "rotate_half_permutation",
     "sample",
 ]
