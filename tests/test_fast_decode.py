@@ -8,6 +8,7 @@ import torch
 from transformers import GenerationConfig
 
 from mrtpo.fast_decode import draw, fast_sampling_supported, rotate_half_permutation, sample
+from mrtpo.model_calls import underlying_model
 from mrtpo.testing import tiny_policy
 
 
@@ -217,7 +218,8 @@ def test_trainer_samples_through_the_decode_loop(tmp_path):
             if generating:
                 shapes.append(tuple(kwargs["input_ids"].shape))
 
-        trainer.model.register_forward_pre_hook(record, with_kwargs=True)
+        body = underlying_model(trainer.model).model  # the layers under the head: every forward runs them
+        body.register_forward_pre_hook(record, with_kwargs=True)
         trainer.train()
         assert "generate" not in vars(trainer.model)  # the instance is left as it was
         return shapes

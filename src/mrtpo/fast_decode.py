@@ -413,8 +413,10 @@ def sample(
     step = _DecodeStep(inner, rows, width + steps, next(inner.parameters()).dtype, input_ids.device)
     ids, distinct_mask, inverse = distinct_rows(input_ids, attention_mask)
     positions = (distinct_mask.long().cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=distinct_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1].float().index_select(0, inverse)  # (B, V)
+    # the body, then the head on 2-D hidden states: what the model's own forward computes, without the
+    # batched product its head runs on a sliced 3-D input (a copy of the head's weight per prompt)
+    out = inner.model(input_ids=ids, attention_mask=distinct_mask, position_ids=positions, use_cache=True)
+    logits = inner.lm_head(out.last_hidden_state[:, -1]).float().index_select(0, inverse)  # (B, V)
     step.load_prompt_cache(returned_cache(out), inverse, width)
     del out
     bias = torch.zeros(rows, 1, 1, width + steps, device=input_ids.device)
