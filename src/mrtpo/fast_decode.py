@@ -5,15 +5,14 @@ On a small policy ``generate`` spends most of each token outside arithmetic: att
 every step, a cache grown by concatenation, logits processors, a slow ``multinomial``. :func:`sample`
 keeps the same model and the same distribution, and pays that once per call instead of once per token:
 
-1. each distinct prompt row is prefilled once through the model's own forward (a group of ``G``
-   samples pays its prompt once), and its KV cache is copied into preallocated buffers;
+1. each distinct prompt row is prefilled once through the model's own layers and head (a group of
+   ``G`` samples pays its prompt once), and its KV cache is copied into preallocated buffers;
 2. every new token runs one decode step written here from the model's own modules and weights: its
    embedding, norms' weights, linear layers and rotary frequencies, the frozen base weights folded
    once per model and kept while they do not change; a LoRA adapter's factors are read every call and
    applied as a low-rank product beside the folded weight, accumulated into its output (folding a
-   small update into bfloat16 weights would round most of it away); attention
-   (``scaled_dot_product_attention``) reads the buffer up to the current column with one additive
-   mask fixed for the whole call;
+   small update into bfloat16 weights would round most of it away); attention reads the buffers up
+   to the current column with one additive mask fixed for the whole call;
 3. the next token is drawn by inverse CDF from ``softmax(logits / temperature)`` with one uniform
    per row: the distribution ``generate`` samples from, from another random stream (so the tokens
    under a fixed seed differ from ``generate``'s; the distribution is the same); greedy takes the
