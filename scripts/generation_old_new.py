@@ -2,6 +2,7 @@
 """Generation alone, old path against new, alternately in one process, in wall and CPU time.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python scripts/generation_old_new.py qwen2.5-coder-0.5b --rounds 2
+    OMP_NUM_THREADS=1 PYTHONPATH=src python scripts/generation_old_new.py smollm2-135m --rounds 1 --profile
 
 The model is the one the trainer builds for ``bench step --task instructions --preset cpu`` at
 2 prompts x 8 completions x <= 64 tokens (LoRA, the CPU's dtype); the prompts are the training set's
@@ -32,6 +33,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default="smollm2-135m")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--profile", action="store_true", help="then torch.profiler over one call of the new path")
     args = p.parse_args()
     torch.set_num_threads(1)
     settings = SimpleNamespace(
@@ -90,6 +92,13 @@ def main() -> None:
             run()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             print(f"round {round_} {name}: wall {wall:.2f} s, CPU {cpu:.2f} s = {cpu / floor:.1f}x floor", flush=True)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            paths["new"]()
+        averages = prof.key_averages(group_by_input_shape=True)
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=30, max_shapes_column_width=70))
 
 
 if __name__ == "__main__":

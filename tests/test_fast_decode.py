@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from mrtpo.fast_decode import draw, fast_sampling_supported, sample
+from mrtpo.fast_decode import draw, fast_sampling_supported, rotate_half_permutation, sample
+from mrtpo.model_calls import underlying_model
 from mrtpo.testing import tiny_policy
 
 
@@ -88,6 +89,57 @@ def test_rows_end_at_eos_and_are_padded_like_generate():
     assert new.shape[1] == min(20, max(ends) + 1)  # stops at the step the last row ended
 
 
+def test_rotate_half_permutation_is_rotary_rotate_half_per_head():
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    x = torch.randn(5, 3 * 8)
+    index, sign = rotate_half_permutation(head_dim=8, heads=3)
+    expected = rotate_half(x.view(5, 3, 8)).reshape(5, 24)  # [x1, x2] -> [-x2, x1] within each head
+    assert torch.equal(x[:, index] * sign, expected)
+
+
+def _tiny_llama(seed: int):
+    """A random Llama causal LM (smollm2-135m's family: no projection biases, 3 query heads per
+    key/value head, tied embeddings) over the byte-level tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tok = tiny_policy()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        initializer_range=0.2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.eval(), tok
+
+
+def test_llama_logits_and_greedy_tokens_equal_the_models():
+    """A Llama model (no biases, grouped heads of 3): every step's logits equal its own forward's and
+    greedy picks ``generate``'s tokens (float32)."""
+    model, tok = _tiny_llama(seed=11)
+    assert fast_sampling_supported(model, _config())
+    ids, mask = _left_padded_prompts(tok, ["llama", "a longer llama prompt"], repeats=3)
+    torch.manual_seed(0)
+    out, seen = sample(model, ids, mask, _config(eos_token_id=[]), return_logits=True)
+    reference = _reference_logits(model, out, mask, out[:, ids.shape[1] :])
+    torch.testing.assert_close(seen, reference, atol=2e-5, rtol=1e-4)
+    config = _config(do_sample=False, max_new_tokens=14, eos_token_id=[])
+    with torch.no_grad():
+        theirs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    assert sample(model, ids, mask, config).tolist() == theirs.tolist()
+
+
 def test_draw_is_the_inverse_cdf():
     probs = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.5, 0.0, 0.5]])
     # cumulative: [0.1, 0.3, 0.6, 1.0] and [0, 0.5, 0.5, 1.0]
@@ -166,7 +218,8 @@ def test_trainer_samples_through_the_decode_loop(tmp_path):
             if generating:
                 shapes.append(tuple(kwargs["input_ids"].shape))
 
-        trainer.model.register_forward_pre_hook(record, with_kwargs=True)
+        body = underlying_model(trainer.model).model  # the layers under the head: every forward runs them
+        body.register_forward_pre_hook(record, with_kwargs=True)
         trainer.train()
         assert "generate" not in vars(trainer.model)  # the instance is left as it was
         return shapes

@@ -6,6 +6,7 @@ import pytest
 import torch
 from trl.trainer.utils import add_fused_lm_head
 
+from mrtpo.model_calls import underlying_model
 from mrtpo.shared_prompt import can_share_prompts, distinct_rows, shared_prompt_logps
 from mrtpo.testing import tiny_policy
 from mrtpo.trainer import SEQUENCE_ADVANTAGES_KEY
@@ -203,7 +204,8 @@ def test_trainer_generates_with_shared_prefill(tmp_path):
             **settings,
         )
         shapes = []
-        trainer.model.register_forward_pre_hook(
+        body = underlying_model(trainer.model).model  # the layers under the head: every forward runs them
+        body.register_forward_pre_hook(
             lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
         )
         trainer.train()

@@ -5,15 +5,14 @@ On a small policy ``generate`` spends most of each token outside arithmetic: att
 every step, a cache grown by concatenation, logits processors, a slow ``multinomial``. :func:`sample`
 keeps the same model and the same distribution, and pays that once per call instead of once per token:
 
-1. each distinct prompt row is prefilled once through the model's own forward (a group of ``G``
-   samples pays its prompt once), and its KV cache is copied into preallocated buffers;
+1. each distinct prompt row is prefilled once through the model's own layers and head (a group of
+   ``G`` samples pays its prompt once), and its KV cache is copied into preallocated buffers;
 2. every new token runs one decode step written here from the model's own modules and weights: its
    embedding, norms' weights, linear layers and rotary frequencies, the frozen base weights folded
    once per model and kept while they do not change; a LoRA adapter's factors are read every call and
    applied as a low-rank product beside the folded weight, accumulated into its output (folding a
-   small update into bfloat16 weights would round most of it away); attention
-   (``scaled_dot_product_attention``) reads the buffer up to the current column with one additive
-   mask fixed for the whole call;
+   small update into bfloat16 weights would round most of it away); attention reads the buffers up
+   to the current column with one additive mask fixed for the whole call;
 3. the next token is drawn by inverse CDF from ``softmax(logits / temperature)`` with one uniform
    per row: the distribution ``generate`` samples from, from another random stream (so the tokens
    under a fixed seed differ from ``generate``'s; the distribution is the same); greedy takes the
@@ -135,14 +134,14 @@ def _rms_scaled(x: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
 
-def rotate_half_matrix(head_dim: int, heads: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``(heads·D, heads·D)`` matrix ``R`` with ``x @ R.T`` = rotary's ``rotate_half`` on each head of
-    ``x`` ``(…, heads·D)``: ``[x1, x2] -> [−x2, x1]``."""
+def rotate_half_permutation(head_dim: int, heads: int) -> tuple[Tensor, Tensor]:
+    """``(index, sign)``, both ``(heads·D,)``, with ``x[..., index] * sign`` = rotary's ``rotate_half``
+    on each head of ``x`` ``(…, heads·D)``: ``[x1, x2] -> [−x2, x1]``."""
     half = head_dim // 2
-    block = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
-    block[torch.arange(half), torch.arange(half) + half] = -1.0
-    block[torch.arange(half) + half, torch.arange(half)] = 1.0
-    return torch.block_diag(*[block] * heads)
+    within = torch.cat([torch.arange(half) + half, torch.arange(half)])
+    index = (torch.arange(heads)[:, None] * head_dim + within).reshape(-1)
+    sign = torch.cat([-torch.ones(half), torch.ones(half)]).repeat(heads)
+    return index, sign
 
 
 class _Product:
@@ -180,11 +179,10 @@ class _Product:
         return y
 
 
-def _fold_in(q: Tensor, k: Tensor, v: Tensor, rotate: Tensor, scale: float) -> Tensor:
-    """Rows of the fused input projection ``[s·q; k; v; R(s·q; k)]`` from the query, key and value
-    rows (weights ``(out, in)`` or LoRA ``B`` factors ``(out, r)``)."""
-    qk = torch.cat([q * scale, k])
-    return torch.cat([qk, v, rotate.to(qk.dtype) @ qk])
+def _fold_in(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Rows of the fused input projection ``[s·q; k; v]`` from the query, key and value rows (weights
+    ``(out, in)`` or LoRA ``B`` factors ``(out, r)``)."""
+    return torch.cat([q * scale, k, v])
 
 
 def _low_rank(modules: list[torch.nn.Module], norm: Tensor | None, fuse: Any = None):
@@ -231,11 +229,15 @@ class _DecodeStep:
     ops, plus a low-rank product per projection group for LoRA adapters:
 
     - each RMSNorm's weight is folded into the projection after it (``W · diag(w)``, also into ``A``);
-    - the query, key and value projections and their rotated copies (``R W``, so rotary's
-      ``rotate_half`` is part of the product) are one matrix; the attention scale ``1/√D`` is folded
-      into the query rows;
-    - attention is ``scaled_dot_product_attention`` over the buffers up to the current column (grouped
-      query heads read their key/value head in place);
+    - the query, key and value projections are one matrix, the attention scale ``1/√D`` folded into
+      the query rows; rotary's ``rotate_half`` is a fixed permutation of the query and key columns,
+      its signs folded into the sine table;
+    - attention is two batched products over the buffers up to the current column, the query heads
+      grouped by the key/value head they read, the keys kept transposed ``(B, KVH, D, columns)``; the
+      scores and their softmax in float32 (masked by a float32 bias), the products in the weights'
+      dtype, as the model's eager attention does. On a CPU without AMX ``scaled_dot_product_attention``
+      on one bfloat16 query is 4–9× slower, and float32 buffers double the bytes read
+      (docs/results/2026-12-07-generation-speed-epyc.md);
     - the output and down projections add into the residual stream (``addmm``).
     """
 
@@ -248,14 +250,13 @@ class _DecodeStep:
         self.heads = config.num_attention_heads
         self.groups = self.heads // self.kv_heads
         self.q_width, self.k_width = config.num_attention_heads * d, self.kv_heads * d
-        rotate = rotate_half_matrix(d, config.num_attention_heads + self.kv_heads, torch.float32, device)
         self.layers = []
         with torch.no_grad():
-            base = self._folded_base(inner, rotate, float(first.scaling), dtype, device)
+            base = self._folded_base(inner, float(first.scaling), dtype, device)
             q_rows, qk_rows = self.q_width, self.q_width + self.k_width
 
             def fuse_in(m: Tensor) -> Tensor:  # stacked [q; k; v] rows -> the fused input projection's rows
-                return _fold_in(m[:q_rows], m[q_rows:qk_rows], m[qk_rows:], rotate.to(m.dtype), float(first.scaling))
+                return _fold_in(m[:q_rows], m[q_rows:qk_rows], m[qk_rows:], float(first.scaling))
 
             for layer, (eps_in, w_in, wo, eps_post, w_gate_up, wd) in zip(body.layers, base[0]):
                 attn, mlp = layer.self_attn, layer.mlp
@@ -275,19 +276,20 @@ class _DecodeStep:
                 )
             head, self.eps_final = base[1], base[2]
             self.head = head.with_low_rank(*_low_rank([inner.lm_head], body.norm.weight))
-        shape = (rows, self.kv_heads, columns, d)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in body.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in body.layers]
+        self.keys = [torch.zeros(rows, self.kv_heads, d, columns, dtype=dtype, device=device) for _ in body.layers]
+        self.values = [torch.zeros(rows, self.kv_heads, columns, d, dtype=dtype, device=device) for _ in body.layers]
         rotary = body.rotary_emb
         positions = torch.arange(columns, device=device, dtype=torch.float32)
         freqs = positions[:, None] * rotary.inv_freq.to(device=device, dtype=torch.float32)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         heads = config.num_attention_heads + self.kv_heads  # one (cos, sin) row covers queries and keys
-        self.cos = (emb.cos() * rotary.attention_scaling).to(dtype).repeat(1, heads)  # (columns, (H + KVH)·D)
-        self.sin = (emb.sin() * rotary.attention_scaling).to(dtype).repeat(1, heads)
+        index, sign = rotate_half_permutation(d, heads)
+        self.rotate_index = index.to(device)
+        self.cos = (emb.cos() * rotary.attention_scaling).repeat(1, heads).to(dtype)  # (columns, (H + KVH)·D)
+        self.sin = (emb.sin() * rotary.attention_scaling).repeat(1, heads).mul(sign.to(device)).to(dtype)
 
     @staticmethod
-    def _folded_base(inner: Any, rotate: Tensor, scale: float, dtype: torch.dtype, device: torch.device):
+    def _folded_base(inner: Any, scale: float, dtype: torch.dtype, device: torch.device):
         """Per layer ``(eps_in, fused input projection, output projection, eps_post, fused gate/up,
         down)`` as :class:`_Product` over the base weights (no adapters), the head and the final
         norm's eps; folded in float32, then cast once to ``dtype``. Kept per model while the base
@@ -307,10 +309,8 @@ class _DecodeStep:
             def bias_of(b, w):
                 return b.float() if b is not None else torch.zeros(w.shape[0], device=device)
 
-            w_in = _fold_in(wq.float(), wk.float(), wv.float(), rotate, scale) * norm_in
-            b_in = _fold_in(
-                bias_of(bq, wq)[:, None], bias_of(bk, wk)[:, None], bias_of(bv, wv)[:, None], rotate, scale
-            )[:, 0]
+            w_in = _fold_in(wq.float(), wk.float(), wv.float(), scale) * norm_in
+            b_in = _fold_in(bias_of(bq, wq), bias_of(bk, wk), bias_of(bv, wv), scale)
             wo, bo, _ = linear_parts(attn.o_proj)
             norm_post, eps_post = _norm_weight(layer.post_attention_layernorm)
             (wg, bg, _), (wu, bu, _), (wd, bd, _) = (
@@ -341,7 +341,7 @@ class _DecodeStep:
         """Copy a prefill's per-layer keys/values ``(U, KVH, width, D)`` into the buffers' first
         ``width`` columns, row ``b`` from distinct row ``inverse[b]``."""
         for i, layer in enumerate(cache.layers):
-            self.keys[i][:, :, :width] = layer.keys.index_select(0, inverse)
+            self.keys[i][..., :width] = layer.keys.index_select(0, inverse).transpose(-1, -2)
             self.values[i][:, :, :width] = layer.values.index_select(0, inverse)
 
     def keep_rows(self, keep: Tensor) -> None:
@@ -351,28 +351,24 @@ class _DecodeStep:
 
     def __call__(self, tokens: Tensor, positions: Tensor, column: int, bias: Tensor) -> Tensor:
         """Float32 logits ``(B, V)`` of the next token after ``tokens`` ``(B,)`` at ``positions``
-        ``(B,)``, written to buffer column ``column``; ``bias`` ``(B, 1, 1, columns)`` in the buffers'
-        dtype is 0 where a key is attended and −inf at padding."""
+        ``(B,)``, written to buffer column ``column``; ``bias`` ``(B, 1, 1, columns)`` float32 is 0 where a
+        key is attended and −inf at padding."""
         b, qk, d = tokens.shape[0], self.q_width + self.k_width, self.head_dim
         h = self.embed[tokens]  # (B, H)
         cos, sin = self.cos[positions], self.sin[positions]  # (B, (H + KVH)·D)
         span = column + 1
         mask = bias[..., :span]
         for i, (eps_in, w_in, wo, eps_post, w_gate_up, wd) in enumerate(self.layers):
-            projected = w_in(_rms_scaled(h, eps_in))  # (B, QK + V + QK)
-            rotated = torch.addcmul(projected[:, :qk] * cos, projected[:, qk + self.k_width :], sin)
-            q = rotated[:, : self.q_width].view(b, self.heads, 1, d)
-            self.keys[i][:, :, column] = rotated[:, self.q_width :].view(b, self.kv_heads, d)
+            projected = w_in(_rms_scaled(h, eps_in))  # (B, QK + V)
+            unrotated = projected[:, :qk]
+            rotated = torch.addcmul(unrotated * cos, unrotated.index_select(1, self.rotate_index), sin)
+            q = rotated[:, : self.q_width].view(b, self.kv_heads, self.groups, d)  # heads by their KV head
+            self.keys[i][..., column] = rotated[:, self.q_width :].view(b, self.kv_heads, d)
             self.values[i][:, :, column] = projected[:, qk : qk + self.k_width].view(b, self.kv_heads, d)
-            attended = F.scaled_dot_product_attention(
-                q,
-                self.keys[i][:, :, :span],
-                self.values[i][:, :, :span],
-                attn_mask=mask,
-                scale=1.0,
-                enable_gqa=self.groups > 1,
-            )
-            h = wo(attended.reshape(b, -1), add_to=h)  # (B, H, 1, D) -> (B, H·D)
+            scores = torch.matmul(q, self.keys[i][..., :span]) + mask  # (B, KVH, G, span), float32
+            weights = torch.softmax(scores, dim=-1).to(h.dtype)
+            attended = torch.matmul(weights, self.values[i][:, :, :span])  # (B, KVH, G, D)
+            h = wo(attended.reshape(b, -1), add_to=h)
             gate, up = w_gate_up(_rms_scaled(h, eps_post)).chunk(2, dim=-1)
             h = wd(F.silu(gate) * up, add_to=h)
         return self.head(_rms_scaled(h, self.eps_final)).float()
@@ -416,11 +412,13 @@ def sample(
     step = _DecodeStep(inner, rows, width + steps, next(inner.parameters()).dtype, input_ids.device)
     ids, distinct_mask, inverse = distinct_rows(input_ids, attention_mask)
     positions = (distinct_mask.long().cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=distinct_mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1].float().index_select(0, inverse)  # (B, V)
+    # the body, then the head on 2-D hidden states: what the model's own forward computes, without the
+    # batched product its head runs on a sliced 3-D input (a copy of the head's weight per prompt)
+    out = inner.model(input_ids=ids, attention_mask=distinct_mask, position_ids=positions, use_cache=True)
+    logits = inner.lm_head(out.last_hidden_state[:, -1]).float().index_select(0, inverse)  # (B, V)
     step.load_prompt_cache(returned_cache(out), inverse, width)
     del out
-    bias = torch.zeros(rows, 1, 1, width + steps, device=input_ids.device, dtype=step.values[0].dtype)
+    bias = torch.zeros(rows, 1, 1, width + steps, device=input_ids.device)
     bias[:, 0, 0, :width] = torch.where(mask, 0.0, float("-inf"))
     position = mask.long().sum(-1)  # the first new token's position: the prompt's real length
     unfinished = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
@@ -492,6 +490,6 @@ __all__ = [
     "fast_sampling",
     "fast_sampling_supported",
     "linear_parts",
-    "rotate_half_matrix",
+    "rotate_half_permutation",
     "sample",
 ]
