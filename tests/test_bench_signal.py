@@ -192,7 +192,7 @@ def _gym_args(tmp_path, *extra):
 def test_group_gradient_is_the_on_policy_policy_gradient(tmp_path):
     """The trainer's loss at ratio 1 has the gradient −Σ_t A_t ∇ log π(y_t) / tokens: checked against a
     plain forward of the gym's policy and autograd."""
-    from mrtpo.bench.signal import _config, _parse, group_gradient
+    from mrtpo.bench.signal import _config, _parse, group_gradients
     from mrtpo.sampling import sample_group
     from mrtpo.train import build_trainer
 
@@ -211,7 +211,7 @@ def test_group_gradient_is_the_on_policy_policy_gradient(tmp_path):
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
     advantages = torch.randn(4, t) * mask
     params = [p for p in model.parameters() if p.requires_grad]
-    got = group_gradient(trainer, params, prompt, comps, lengths, advantages, advantages.mean(1))
+    (got,) = group_gradients(trainer, params, prompt, comps, lengths, [advantages], [advantages.mean(1)])
 
     ids = torch.cat([torch.tensor([prompt] * 4), comps], 1)
     logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
