@@ -192,7 +192,7 @@ def _gym_args(tmp_path, *extra):
 def test_group_gradient_is_the_on_policy_policy_gradient(tmp_path):
     """The trainer's loss at ratio 1 has the gradient −Σ_t A_t ∇ log π(y_t) / tokens: checked against a
     plain forward of the gym's policy and autograd."""
-    from mrtpo.bench.signal import _config, _parse, group_gradient
+    from mrtpo.bench.signal import _config, _parse, group_gradients
     from mrtpo.sampling import sample_group
     from mrtpo.train import build_trainer
 
@@ -211,7 +211,7 @@ def test_group_gradient_is_the_on_policy_policy_gradient(tmp_path):
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).float()
     advantages = torch.randn(4, t) * mask
     params = [p for p in model.parameters() if p.requires_grad]
-    got = group_gradient(trainer, params, prompt, comps, lengths, advantages, advantages.mean(1))
+    (got,) = group_gradients(trainer, params, prompt, comps, lengths, [advantages], [advantages.mean(1)])
 
     ids = torch.cat([torch.tensor([prompt] * 4), comps], 1)
     logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
@@ -219,6 +219,67 @@ def test_group_gradient_is_the_on_policy_policy_gradient(tmp_path):
     loss = -(advantages * logp * mask).sum() / mask.sum()
     expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["gym full weights", "LoRA dapo", "LoRA grpo + entropy bonus"],
+)
+def test_one_forward_gives_each_methods_own_gradient(tmp_path, tiny_model_dir, one_thread, case):
+    """:func:`group_gradients` (one forward, the loss's coefficients, one backward per method) equals, per
+    method, autograd of the trainer's own loss on its own forward: float32, the gym's policy (every
+    weight) and a tiny Qwen2 under LoRA, TRL's per-sequence normalisation (grpo) and an entropy bonus
+    (a term outside the advantages) included."""
+    from mrtpo.bench.signal import _config, _parse, group_gradients, loss_inputs
+    from mrtpo.counterfactual import prompt_renderer
+    from mrtpo.sampling import sample_group
+    from mrtpo.train import build_trainer
+
+    real = [] if case.startswith("gym") else ["--task", "instructions", "--model", str(tiny_model_dir)]
+    settings = [] if not real else ["lora_r=4", "dtype=float32"]
+    settings += ["loss_type=grpo", "entropy_coef=0.1"] if case.endswith("entropy bonus") else []
+    args = _parse([*real, "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=12", *settings])
+    trainer = build_trainer(_config(args, tmp_path / "run")[0])
+    model, tok, task = trainer.model, trainer.processing_class, trainer.mrtpo_task
+    model.eval()
+    prompt = tok(prompt_renderer(task, tok)(task.load("train", 1)[0]), add_special_tokens=False)["input_ids"]
+    torch.manual_seed(0)
+    comps, lengths = sample_group(model, tok, prompt, 4, 12)
+    mask = (torch.arange(comps.shape[1]).unsqueeze(0) < lengths.view(-1, 1)).float()
+    advantages = [torch.randn(4, comps.shape[1]) * mask for _ in range(3)]
+    advantages[2] = advantages[2].abs()  # one method with every advantage positive
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = group_gradients(trainer, params, prompt, comps, lengths, advantages, [a.mean(1) for a in advantages])
+    assert got.shape == (3, sum(p.numel() for p in params))
+    for m, a in enumerate(advantages):
+        loss = trainer._compute_loss(model, loss_inputs(trainer, prompt, comps, lengths, a, a.mean(1)))
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        expected = torch.cat([(torch.zeros_like(p) if d is None else d).reshape(-1) for p, d in zip(params, grads)])
+        torch.testing.assert_close(got[m], expected, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(got[0], got[1])
+
+
+def test_fast_sampling_goes_through_fast_decode(one_thread):
+    """``sample_group(fast=True)`` draws what :func:`mrtpo.fast_decode.sample` draws from the same seed
+    (its random stream, not ``generate``'s), cut at the first end-of-sequence like the plain path."""
+    import copy
+
+    from mrtpo.fast_decode import sample
+    from mrtpo.sampling import sample_group
+    from mrtpo.testing import tiny_policy
+
+    model, tok = tiny_policy(seed=0)
+    prompt = tok("hello there", add_special_tokens=False)["input_ids"]
+    torch.manual_seed(3)
+    comps, lengths = sample_group(model, tok, prompt, 4, 10, fast=True)
+    config = copy.deepcopy(model.generation_config)
+    config.update(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=10, pad_token_id=tok.pad_token_id)
+    ids = torch.tensor([prompt] * 4)
+    torch.manual_seed(3)
+    direct = sample(model, ids, torch.ones_like(ids), config)[:, len(prompt) :]
+    for row, n, ref in zip(comps, lengths.tolist(), direct):
+        assert row[:n].tolist() == ref[:n].tolist()
+        assert (row[n:] == tok.pad_token_id).all()
 
 
 def test_bench_signal_on_the_gym_writes_every_figure(tmp_path, capsys):

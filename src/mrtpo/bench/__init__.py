@@ -88,13 +88,15 @@ def sample_and_weigh(
     decoys=None,
     temperature: float = 1.0,
     spans_of=None,
+    fast: bool = False,
 ) -> WeighedGroup:
     """Sample ``group_size`` completions of ``example``, replay them once under every context the
     methods need (:mod:`mrtpo.replay_plan`; always each reward's counterfactual) and give every
     method's token weights. ``decoys``: each reward's decoy evidence (another example's), for the
     methods that contrast with one; ``None``: no decoy, their maps are the plain ones. ``temperature``:
     of the sampling and of the replay's distributions (training's ``temperature``). ``spans_of``: the
-    task's ``checked_spans``, for the ``oracle`` on rewards that are not gym verifiers."""
+    task's ``checked_spans``, for the ``oracle`` on rewards that are not gym verifiers. ``fast``: sample
+    through :mod:`mrtpo.fast_decode` where it supports the model (:func:`mrtpo.sampling.sample_group`)."""
     import torch
 
     from mrtpo.credit import CreditBatch, CreditConfig, get_method
@@ -107,7 +109,9 @@ def sample_and_weigh(
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     names = [v.name for v in verifiers]
-    comps, lengths = sample_group(model, tokenizer, ids_of(render(example)), group_size, max_new_tokens, temperature)
+    comps, lengths = sample_group(
+        model, tokenizer, ids_of(render(example)), group_size, max_new_tokens, temperature, fast=fast
+    )
     texts = [tokenizer.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comps, lengths.tolist())]
     rewards = torch.tensor(
         [[float("nan") if (r := v(t, example)) is None else float(r) for v in verifiers] for t in texts]

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -150,22 +151,14 @@ def step_batch(groups: list[Any], relevant: list[torch.Tensor | None], group_siz
     )
 
 
-def group_gradient(
-    trainer: Any,
-    params: list[torch.nn.Parameter],
-    prompt: list[int],
-    completions: torch.Tensor,
-    lengths: torch.Tensor,
-    advantages: torch.Tensor,
-    sequence: torch.Tensor,
-) -> torch.Tensor:
-    """``(P,)`` float32 gradient of the trainer's loss on one group: ``prompt`` ids, ``completions``
-    ``(G, T)``, ``lengths`` ``(G,)``, token ``advantages`` ``(G, T)``, ``sequence`` advantages ``(G,)``.
-    On-policy (ratio 1) and in eval mode (no dropout), normalised by the group's own token count, so a
-    step's gradient is the token-weighted mean of its groups'."""
+def loss_inputs(
+    trainer: Any, prompt: list[int], completions: torch.Tensor, lengths: torch.Tensor, advantages, sequence
+) -> dict[str, Any]:
+    """The trainer's loss inputs for one group: ``prompt`` ids, ``completions`` ``(G, T)``, ``lengths``
+    ``(G,)``, token ``advantages`` ``(G, ≥T)``, ``sequence`` advantages ``(G,)``; on-policy (no old
+    log-probabilities: ratio 1), normalised by the group's own token count."""
     from mrtpo.trainer.config import SEQUENCE_ADVANTAGES_KEY
 
-    device = trainer.accelerator.device
     g, t = completions.shape
     mask = (torch.arange(t).unsqueeze(0) < lengths.view(-1, 1)).long()
     prompt_ids = torch.tensor([prompt] * g)
@@ -179,12 +172,65 @@ def group_gradient(
         "num_items_in_batch": mask.sum(),
         "old_per_token_logps": None,
     }
-    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    loss = trainer._compute_loss(trainer.model, inputs)
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat(
-        [(torch.zeros_like(p) if d is None else d).reshape(-1).float().cpu() for p, d in zip(params, grads)]
-    )
+    device = trainer.accelerator.device
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def loss_coefficients(
+    trainer: Any, inputs: dict[str, Any], logps: torch.Tensor, entropies: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(∂loss/∂logps, ∂loss/∂entropies)``, each ``(G, T)``: the trainer's own loss
+    (``MRTPOTrainer._compute_loss``, TRL's clipping, masks and normalisation included) evaluated on the
+    given per-token log-probabilities and entropies in place of its forward, no model call. The loss
+    reaches the parameters only through those two (no MoE aux loss), so by the chain rule its gradient
+    is ``Jᵀ`` of these coefficients, exactly, whatever the loss does with them."""
+    leaves = logps.detach().requires_grad_(), entropies.detach().requires_grad_()
+    with mock.patch.object(trainer, "_get_per_token_logps_and_entropies", lambda *a, **k: (*leaves, None)):
+        loss = trainer._compute_loss(trainer.model, inputs)
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return tuple(torch.zeros_like(x) if d is None else d for x, d in zip(leaves, grads))
+
+
+def group_gradients(
+    trainer: Any,
+    params: list[torch.nn.Parameter],
+    prompt: list[int],
+    completions: torch.Tensor,
+    lengths: torch.Tensor,
+    advantages: list[torch.Tensor],
+    sequences: list[torch.Tensor],
+) -> torch.Tensor:
+    """``(M, P)`` float32 gradients of the trainer's loss on one group under each of ``M`` methods'
+    token ``advantages`` ``(G, ≥T)`` and ``sequences`` ``(G,)`` (:func:`loss_inputs`), from ONE forward:
+    each method's :func:`loss_coefficients` on the forward's log-probabilities and entropies, then one
+    backward per method through the retained graph (``is_grads_batched`` cannot run here: TRL's fused
+    log-prob head's backward adds in place, which vmap refuses). In eval mode (no dropout); the same
+    gradients as ``M`` separate losses, to float rounding."""
+    if getattr(trainer, "aux_loss_enabled", False):
+        raise ValueError("bench signal: a loss with an MoE aux loss does not reach the parameters through log-probs")
+    inputs = [loss_inputs(trainer, prompt, completions, lengths, a, s) for a, s in zip(advantages, sequences)]
+    first = inputs[0]
+    ids = torch.cat([first["prompt_ids"], first["completion_ids"]], 1)
+    attention = torch.cat([first["prompt_mask"], first["completion_mask"]], 1)
+    with torch.enable_grad():
+        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, attention, completions.shape[1], compute_entropy=True
+        )
+    rows = [loss_coefficients(trainer, x, logps, entropies) for x in inputs]
+    outputs, seeds = [logps], [torch.stack([r[0] for r in rows])]
+    d_entropy = torch.stack([r[1] for r in rows])
+    if entropies.requires_grad and bool(d_entropy.any()):  # an entropy bonus: its own share of the gradient
+        outputs.append(entropies)
+        seeds.append(d_entropy)
+    out = torch.zeros(len(inputs), sum(p.numel() for p in params))
+    for m in range(len(inputs)):
+        grads = torch.autograd.grad(
+            outputs, params, [seed[m] for seed in seeds], retain_graph=m < len(inputs) - 1, allow_unused=True
+        )
+        out[m] = torch.cat(
+            [(torch.zeros_like(p) if d is None else d).reshape(-1).float().cpu() for p, d in zip(params, grads)]
+        )
+    return out
 
 
 def _config(args, output_dir: Path):
@@ -371,6 +417,7 @@ def _run(args, argv, trainer, model_name: str) -> int:
                 kind=trainer.args.relevance,
                 decoys=decoys,
                 temperature=trainer.temperature,
+                fast=trainer.args.fast_generation,
             )
             groups.append(group)
             ids = [c[:n].tolist() for c, n in zip(group.completions, group.lengths.tolist())]
@@ -380,36 +427,41 @@ def _run(args, argv, trainer, model_name: str) -> int:
         timing["sample_and_replay"] += time.perf_counter() - began
         began = time.perf_counter()
         batch = step_batch(groups, relevant, g_size)
+        labels = list(methods)
+        advantages, weights, sequence = {}, {}, {}
         for label, (name, config) in methods.items():
             method = get_method(name)
-            advantages, weights = method(batch, config), method.weights(batch, config)
-            sequence = method.sequence_advantages(batch, config)
-            step_sum, step_tokens = 0.0, 0
-            for j, group in enumerate(groups):
-                rows = slice(j * g_size, (j + 1) * g_size)
-                grad = group_gradient(
-                    trainer,
-                    params,
-                    group.contexts[0],
-                    group.completions,
-                    group.lengths,
-                    advantages[rows],
-                    sequence[rows],
-                )
+            advantages[label], weights[label] = method(batch, config), method.weights(batch, config)
+            sequence[label] = method.sequence_advantages(batch, config)
+        step_sum, step_tokens = 0.0, 0
+        for j, group in enumerate(groups):
+            rows = slice(j * g_size, (j + 1) * g_size)
+            per_method = group_gradients(
+                trainer,
+                params,
+                group.contexts[0],
+                group.completions,
+                group.lengths,
+                [advantages[m][rows] for m in labels],
+                [sequence[m][rows] for m in labels],
+            )
+            tokens = int(group.lengths.sum())
+            step_sum, step_tokens = step_sum + per_method * tokens, step_tokens + tokens
+            for label, grad in zip(labels, per_method):
                 grads[label][start + j] = grad
-                tokens = int(group.lengths.sum())
-                step_sum, step_tokens = step_sum + grad * tokens, step_tokens + tokens
                 if relevant[j] is None:
                     continue
                 for k, name_k in enumerate(names):
                     values = []
                     for c in range(g_size):
                         t = int(group.lengths[c])
-                        got = lift_and_mean_square(weights[rows][c, k, :t], relevant[j][c, k, :t], torch.ones(t))
+                        w = weights[label][rows][c, k, :t]
+                        got = lift_and_mean_square(w, relevant[j][c, k, :t], torch.ones(t))
                         if got is not None:
                             values.append(got)
                     lifts[label][name_k].append(values)
-            step_norms[label].append(float((step_sum / max(step_tokens, 1)).norm()))
+        for label, total in zip(labels, step_sum / max(step_tokens, 1)):
+            step_norms[label].append(float(total.norm()))
         timing["gradients"] += time.perf_counter() - began
         print(
             f"  groups {chunk.start + 1}-{chunk.stop} of {len(examples)} "
