@@ -6,7 +6,8 @@ policy samples ``--groups`` groups once; each group is replayed once under every
 need (:func:`mrtpo.bench.sample_and_weigh`); each method then weighs the *same* completions, maps and
 rewards, gets its advantages as training does (one ``CreditBatch`` per step of ``--step-groups``
 groups: the batch statistics of a step) and takes one gradient per group over the trainable
-parameters through the trainer's own loss (``MRTPOTrainer._compute_loss``, on-policy, dropout off).
+parameters through the trainer's own loss (``MRTPOTrainer._compute_loss``, on-policy, dropout off),
+every method's from one forward of the group (:func:`group_gradients`).
 
 Reported per method (:mod:`mrtpo.credit.signal`): ``SNR = ‖ḡ‖² / (tr Σ̂ / N)`` over the ``N`` group
 gradients, its excess ``SNR − 1`` (a method with no signal still has ``SNR ≈ 1``), ``cos(ḡ, ḡ_ref)``
